@@ -7,6 +7,7 @@ this file registers. Importing this module must stay cheap: no torch, no paramik
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 import click
