@@ -24,6 +24,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("cluster", "status"),
     "down": ("cluster", "down"),
     "logs": ("cluster", "logs"),
+    "check": ("check", "check"),
 }
 
 
@@ -53,7 +54,10 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the CLI, turning EpdctlError into a message and exit 1."""
     try:
-        cli.main(args=argv, prog_name="epdctl", standalone_mode=False)
+        # Non-standalone mode returns the exit code of ctx.exit(n) instead of raising it.
+        rc = cli.main(args=argv, prog_name="epdctl", standalone_mode=False)
+        if isinstance(rc, int) and rc:
+            sys.exit(rc)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)

@@ -1,0 +1,93 @@
+"""Post-launch canary: one real multi-image chat request through the router.
+
+Why: a cluster whose processes are all "healthy" can still be unable to answer (a wrong
+transport address, an encoder the prefill cannot reach). The canary sends generated shapes
+(`epdctl.shapes`), checks the model's answer against what was drawn, and returns the per-stage
+timings the decode worker adds to its response.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from epdctl.errors import ProbeError
+from epdctl.probes import http
+
+
+@dataclass
+class CanaryResult:
+    """What the canary asked, what came back and whether it is right."""
+
+    question: str
+    expected: str
+    answer: str
+    correct: bool
+    named: int                  # images the answer named correctly
+    n_images: int
+    seconds: float
+    timings: dict[str, Any] = field(default_factory=dict)
+    model: str = ""
+
+
+def data_url(png: bytes) -> str:
+    """A PNG as an OpenAI-style data URL."""
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def build_messages(pngs: list[bytes], question: str) -> list[dict[str, Any]]:
+    """One user message: the images in order, then the question."""
+    parts: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": data_url(p)}}
+                                   for p in pngs]
+    parts.append({"type": "text", "text": question})
+    return [{"role": "user", "content": parts}]
+
+
+def model_id(router_url: str, headers: dict[str, str]) -> str:
+    """The served model name, as the router lists it in `/v1/models`."""
+    r = http("GET", router_url.rstrip("/") + "/v1/models", timeout=10.0, headers=headers)
+    doc = r.json() if r.ok else None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not data:
+        raise ProbeError(f"canary: router {router_url} lists no model in /v1/models "
+                         f"(HTTP {r.status} {r.error}); are prefill/decode registered?")
+    return str(data[0]["id"])
+
+
+def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | None = None,
+               n_images: int = 3, seed: int | None = None, max_tokens: int = 48,
+               timeout: float = 120.0) -> CanaryResult:
+    """Send the request, parse the answer; ProbeError when no well-formed answer comes back."""
+    from epdctl import shapes  # PIL is imported only when a canary actually runs
+
+    headers: dict[str, str] = {}
+    key = os.environ.get(api_key_env) if api_key_env else None
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    model = model or model_id(router_url, headers)
+    rng = random.Random(seed if seed is not None else time.time_ns())
+    pngs, question, items = shapes.make_request(rng, n_images, plain=True)
+    body = {"model": model, "messages": build_messages(pngs, question),
+            "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
+    t0 = time.monotonic()
+    r = http("POST", router_url.rstrip("/") + "/v1/chat/completions", body, timeout=timeout,
+             headers=headers)
+    seconds = time.monotonic() - t0
+    doc = r.json()
+    if not r.ok or not isinstance(doc, dict):
+        detail = r.body[:500].decode(errors="replace") or r.error
+        raise ProbeError(f"canary request to {router_url} failed (HTTP {r.status}): {detail}")
+    try:
+        answer = str(doc["choices"][0]["message"]["content"] or "")
+    except (KeyError, IndexError, TypeError) as e:
+        raise ProbeError(f"canary: malformed completion from {router_url} ({e}): "
+                         f"{str(doc)[:300]}") from e
+    got = shapes.parse_answer(answer, n_images)
+    named = sum(1 for g, want in zip(got, items) if g == want)
+    return CanaryResult(question=question, expected=shapes.answer_for(items), answer=answer,
+                        correct=named == n_images, named=named, n_images=n_images,
+                        seconds=seconds, timings=dict(doc.get("timings") or {}), model=model)

@@ -1,0 +1,267 @@
+"""`epdctl up / status / down / logs`: start a cluster, look after it, stop it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from epdctl.errors import EpdctlError, LaunchError, ProbeError
+from epdctl.launchers import get_launcher, names as launcher_names
+from epdctl.launchers.lifecycle import BringUp, tear_down, to_handle
+from epdctl.launchers.observe import observe
+from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
+
+from epdctl.commands.render_status import Progress, render_canary, render_status
+
+
+def _load_plan(path: Path) -> tuple[Any, Any]:
+    from epdctl.render import build_plan
+    from epdctl.topology import load_topology
+
+    topo = load_topology(path)
+    return topo, build_plan(topo)
+
+
+def _cluster_arg(arg: str | None) -> str | None:
+    """CLUSTER or TOPOLOGY file -> cluster name (a topology's cluster is named after it)."""
+    if arg and (arg.endswith((".yaml", ".yml")) or "/" in arg) and Path(arg).is_file():
+        from epdctl.topology import load_topology
+
+        return load_topology(Path(arg)).name
+    return arg
+
+
+def _check_ports_free(plan: Any) -> None:
+    """Fail before starting anything if a planned port is taken (clearer than a worker log)."""
+    busy = []
+    procs = [*plan.workers, *([plan.router] if plan.router else [])]
+    for p in procs:
+        ports = [("port", p.port), ("bootstrap port", getattr(p, "bootstrap_port", None)),
+                 ("encoder bootstrap port", getattr(p, "encoder_bootstrap_port", None)),
+                 ("prometheus port", getattr(p, "prometheus_port", None))]
+        for what, port in ports:
+            if port is None:
+                continue
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((p.host, int(port)))
+                except OSError:
+                    busy.append(f"  [{getattr(p, 'name', 'router')}] {what} {p.host}:{port}")
+    if busy:
+        raise LaunchError("ports already in use (another cluster or program holds them):\n"
+                          + "\n".join(busy) + "\nstop it (`epdctl down`) or change the "
+                          "topology's ports")
+
+
+def _close(launcher: Any) -> None:
+    """Release a launcher's connections (ssh); the local launcher holds none."""
+    close = getattr(launcher, "close", None)
+    if close is not None:
+        close()
+
+
+def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
+    old = cdir.load()
+    if old is None:
+        return
+    alive = [p.name for p in old.processes if launcher.is_alive(to_handle(p))]
+    if alive:
+        raise LaunchError(
+            f"cluster {cdir.name!r} is already running ({len(alive)} of "
+            f"{len(old.processes)} processes alive: {', '.join(alive)}); see "
+            f"`epdctl status {cdir.name}`, or stop it with `epdctl down {cdir.name}` first")
+    click.echo(f"note: cluster {cdir.name!r} was recorded but none of its processes is "
+               "alive; starting afresh")
+    cdir.clear()
+
+
+@click.command()
+@click.argument("topology", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--launcher", "launcher_name", default=None,
+              help="How to start workers (default: the topology's launcher).")
+@click.option("--no-canary", is_flag=True, help="Skip the post-launch test request.")
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="Seconds each role may take to become healthy.")
+def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float) -> None:
+    """Start every worker and the router of TOPOLOGY, role by role, then run a canary."""
+    topo, plan = _load_plan(topology)
+    name = launcher_name or getattr(topo, "launcher", None) or "local"
+    if name not in launcher_names():
+        raise LaunchError(f"`epdctl up` cannot use launcher {name!r}; available: "
+                          f"{', '.join(launcher_names())} (slurm topologies: `epdctl render`)")
+    cdir = ClusterDir(topo.name)
+    api_key_env = plan.router.api_key_env if plan.router else None
+    if api_key_env and not os.environ.get(api_key_env):
+        raise LaunchError(f"the router's API key variable {api_key_env} (router.api_key_env in "
+                          f"{topology}) is not set; export it before `epdctl up`")
+    launcher = (get_launcher(name) if name == "local"
+                else get_launcher(name, topology=topo, cluster_dir=cdir.root))
+    try:
+        with cdir.lock("up"):
+            _refuse_if_running(cdir, launcher)
+            if name == "local":
+                _check_ports_free(plan)
+            state = ClusterState(name=topo.name, topology=str(topology.resolve()),
+                                 launcher=name, api_key_env=api_key_env,
+                                 model=topo.model.served_name)
+            cdir.save(state)
+            click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
+                       f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
+            t0 = time.monotonic()
+            BringUp(plan, launcher, cdir, state, timeout=timeout, on_event=Progress()).run()
+    finally:
+        _close(launcher)
+    click.secho(f"cluster {topo.name} is up in {time.monotonic() - t0:.1f}s", fg="green")
+    if plan.router:
+        click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")
+    if no_canary or plan.router is None:
+        return
+    from epdctl.canary import run_canary
+
+    try:
+        res = run_canary(plan.router.url, model=topo.model.served_name,
+                         api_key_env=api_key_env)
+    except ProbeError as e:
+        raise ProbeError(f"{e}\nthe cluster is still running: inspect it with `epdctl status` "
+                         f"and `epdctl logs`, stop it with `epdctl down {topo.name}`") from e
+    click.echo(render_canary(res))
+
+
+@click.command()
+@click.argument("cluster", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
+@click.option("--interval", type=float, default=2.0, show_default=True)
+@click.option("-n", "--lines", type=int, default=10, show_default=True,
+              help="Log lines shown for a dead worker.")
+def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
+           lines: int) -> None:
+    """Show every worker of CLUSTER (name or topology file): process, health, load, router.
+
+    Exits 1 when a worker is dead or unhealthy (useful in scripts).
+    """
+    cdir = resolve_cluster(_cluster_arg(cluster))
+    while True:
+        state = cdir.load()
+        if state is None:
+            raise EpdctlError(f"cluster {cdir.name!r} is no longer recorded (stopped?)")
+        launcher = get_launcher(state.launcher)
+        try:
+            view = observe(state, launcher, tail_lines=lines)
+        finally:
+            _close(launcher)
+        if as_json:
+            click.echo(json.dumps(view.to_dict(), indent=2))
+        else:
+            if watch:
+                click.clear()
+            click.echo(render_status(view))
+        if not watch:
+            break
+        time.sleep(interval)
+    if not view.healthy:
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("cluster", required=False)
+@click.option("--grace", type=float, default=15.0, show_default=True,
+              help="Seconds to wait after SIGTERM before SIGKILL.")
+def down(cluster: str | None, grace: float) -> None:
+    """Stop every recorded process of CLUSTER and confirm nothing remains (idempotent)."""
+    name = _cluster_arg(cluster)
+    if name is None:
+        names = list_clusters()
+        if not names:
+            click.echo(f"no cluster is recorded under {state_root()}; nothing to stop")
+            return
+        cdir = resolve_cluster(None)
+    else:
+        cdir = ClusterDir(name)
+    with cdir.lock("down"):
+        state = cdir.load()
+        if state is None:
+            click.echo(f"cluster {cdir.name!r}: nothing recorded; nothing to stop")
+            return
+        state.phase = "stopping"
+        cdir.save(state)
+        launcher = get_launcher(state.launcher)
+        click.echo(f"stopping cluster {state.name} ({len(state.processes)} processes) ...")
+        t0 = time.monotonic()
+        try:
+            res = tear_down(state, launcher, grace=grace)
+            left = [p.name for p in state.processes if launcher.is_alive(to_handle(p))]
+        finally:
+            _close(launcher)
+        if left or not res.all_ok:
+            res.raise_if_failed(f"stopping cluster {state.name}")
+            raise LaunchError(f"still running after down: {', '.join(left)}; run "
+                              f"`epdctl down {state.name}` again")
+        cdir.clear()
+    click.secho(f"cluster {state.name} stopped in {time.monotonic() - t0:.1f}s; no recorded "
+                "process remains", fg="green")
+
+
+def _log_dir_cluster(name: str | None) -> ClusterDir:
+    """A cluster whose logs exist, even after `down` forgot its state."""
+    if name:
+        cdir = ClusterDir(name)
+        if not cdir.log_dir.is_dir():
+            raise EpdctlError(f"no logs recorded for cluster {name!r} under {cdir.root}")
+        return cdir
+    try:
+        return resolve_cluster(None)
+    except EpdctlError:
+        base = state_root() / "clusters"
+        found = sorted(p.name for p in base.glob("*") if (p / "logs").is_dir())
+        if len(found) == 1:
+            return ClusterDir(found[0])
+        raise
+
+
+@click.command()
+@click.argument("worker", required=False)
+@click.option("-c", "--cluster", default=None, help="Cluster name (if several are recorded).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
+@click.option("-n", "--lines", type=int, default=40, show_default=True)
+def logs(worker: str | None, cluster: str | None, follow: bool, lines: int) -> None:
+    """Print the log of WORKER (e.g. prefill-0, router), or the tail of every log."""
+    from epdctl.launchers.base import tail
+
+    cdir = _log_dir_cluster(_cluster_arg(cluster))
+    available = sorted(p.stem for p in cdir.log_dir.glob("*.log"))
+    if worker is not None and worker not in available:
+        raise EpdctlError(f"no log for worker {worker!r} in cluster {cdir.name!r}; "
+                          f"known: {', '.join(available) or 'none'}")
+    chosen = [worker] if worker else available
+    prefix = len(chosen) > 1
+    for w in chosen:
+        text = tail(cdir.log(w), lines)
+        for ln in text.splitlines():
+            click.echo(f"[{w}] {ln}" if prefix else ln)
+    if follow:
+        _follow({w: cdir.log(w) for w in chosen}, prefix)
+
+
+def _follow(paths: dict[str, Path], prefix: bool) -> None:
+    pos = {w: p.stat().st_size if p.exists() else 0 for w, p in paths.items()}
+    while True:
+        for w, p in paths.items():
+            try:
+                with open(p, "rb") as f:
+                    f.seek(pos[w])
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            if chunk:
+                pos[w] += len(chunk)
+                for ln in chunk.decode(errors="replace").splitlines():
+                    click.echo(f"[{w}] {ln}" if prefix else ln)
+        time.sleep(0.3)

@@ -1,0 +1,53 @@
+"""`epdctl render TOPOLOGY`: the exact commands every node runs, as shell or JSON."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from epdctl.errors import EpdctlError, TopologyError
+from epdctl.render import build_plan, to_json, to_shell
+from epdctl.topology import load_topology
+
+
+@click.command("render")
+@click.argument("topology", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--node", "node", default=None, help="Only this node's commands.")
+@click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
+@click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Write one file per node (<node>.sh or <node>.json) plus plan.<fmt> into DIR.")
+def render(topology: str, node: str | None, fmt: str, out: Path | None) -> None:
+    """Render the launch plan of a topology (start order: encoders, prefills, decodes, router)."""
+    try:
+        plan = build_plan(load_topology(topology))
+    except TopologyError as e:
+        click.secho(f"{topology}: {len(e.problems)} problem(s); run `epdctl validate` for details:", fg="red", err=True)
+        for p in e.problems:
+            click.echo(f"  {p.format(topology)}", err=True)
+        sys.exit(1)
+    except EpdctlError as e:
+        click.secho(f"{topology}: {e}", fg="red", err=True)
+        sys.exit(1)
+    if node is not None and node not in plan.nodes:
+        click.secho(f"node {node!r} runs nothing in this topology; nodes: {', '.join(plan.nodes)}", fg="red", err=True)
+        sys.exit(1)
+    emit = to_json if fmt == "json" else to_shell
+    if out is None:
+        click.echo(emit(plan, node), nl=False)
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for n in [node] if node else plan.nodes:
+            path = out / f"{n}.{fmt}"
+            path.write_text(emit(plan, n), encoding="utf-8")
+            if fmt == "sh":
+                os.chmod(path, 0o755)
+        if node is None:
+            (out / f"plan.{fmt}").write_text(emit(plan, None), encoding="utf-8")
+    except OSError as e:
+        click.secho(f"cannot write to {out}: {e.strerror}; pick a writable --out directory", fg="red", err=True)
+        sys.exit(1)
+    click.echo(f"wrote {len(plan.nodes)} node file(s) to {out}")

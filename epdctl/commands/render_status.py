@@ -1,0 +1,122 @@
+"""Text rendering of `epdctl status` and of `up`'s progress and canary (printing lives here)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from epdctl.launchers.lifecycle import Event
+from epdctl.launchers.observe import ClusterView
+
+
+def fmt_uptime(seconds: float | None) -> str:
+    """12s, 3m04s, 2h05m."""
+    if seconds is None:
+        return "-"
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def _health_cell(w: Any) -> tuple[str, str | None]:
+    if not w.alive:
+        return "DEAD", "red"
+    if w.healthy:
+        return "healthy", "green"
+    return w.health, "yellow"
+
+
+def render_status(view: ClusterView, color: bool = True) -> str:
+    """The table, per-role summary lines and the log tails of dead workers."""
+    head = ("WORKER", "ROLE", "NODE", "PID", "UPTIME", "HEALTH", "RUN/WAIT", "ROUTER")
+    rows: list[tuple[tuple[str, ...], str | None]] = []
+    for w in view.workers:
+        health, colour = _health_cell(w)
+        load = f"{w.load.running}/{w.load.waiting}" if w.load else "-"
+        rows.append(((w.name, w.role, w.node, str(w.pid), fmt_uptime(w.uptime_s), health,
+                      load, w.router), colour))
+    widths = [max(len(head[i]), *(len(r[i]) for r, _ in rows)) if rows else len(head[i])
+              for i in range(len(head))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
+
+    out = [f"cluster {view.name}  ({view.phase}, launcher {view.launcher}, {view.topology})", "",
+           line(head)]
+    for cells, colour in rows:
+        text = line(cells)
+        out.append(click.style(text, fg=colour) if color and colour != "green" else text)
+    out.append("")
+    for role, (ready, total) in view.summary().items():
+        mark = "ready" if ready == total else "NOT READY"
+        out.append(f"{role:<9} {ready}/{total} {mark}")
+    if view.router_ready is not None:
+        state = "ready" if view.router_ready else "NOT READY"
+        out.append(f"router view: {state}" + (f" ({view.router_detail})"
+                                              if view.router_detail else ""))
+    for w in view.workers:
+        if not w.alive:
+            out += ["", f"--- {w.name} is dead; last lines of {w.log}:",
+                    w.log_tail or "(log is empty)"]
+    return "\n".join(out)
+
+
+class Progress:
+    """`up`'s progress: one updating line per stage on a terminal, plain lines otherwise."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self._open = False
+
+    def __call__(self, e: Event) -> None:
+        if e.kind == "starting":
+            self._end()
+            click.echo(f"starting {e.stage} ({e.total}) ...")
+        elif e.kind == "waiting" and self.tty:
+            extra = f" - {e.detail}" if e.detail else ""
+            click.echo(f"\r  {e.stage}: {e.ready}/{e.total} ready ({e.elapsed:.0f}s){extra}"
+                       "\x1b[K", nl=False)
+            self._open = True
+        elif e.kind == "ready":
+            self._end()
+            click.echo(f"  {e.stage}: {e.ready}/{e.total} ready in {e.elapsed:.1f}s")
+        elif e.kind == "registered":
+            self._end()
+            click.echo(f"  registered {e.detail}")
+
+    def _end(self) -> None:
+        if self._open:
+            click.echo("")
+            self._open = False
+
+
+def _printable(text: str) -> str:
+    """One line, control characters escaped (an untrained model emits arbitrary tokens)."""
+    if text and not text.strip():
+        return f"(only whitespace, {len(text)} characters)"
+    text = text.strip().replace("\n", " | ")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def render_canary(res: Any) -> str:
+    """Question, answer, verdict and per-stage timings of a canary run."""
+    verdict = ("correct" if res.correct
+               else f"NOT correct ({res.named}/{res.n_images} images named right)")
+    out = [f"canary: {res.n_images}-image request through the router, model {res.model}",
+           f"  question: {res.question}",
+           "  expected: " + res.expected.replace("\n", " | "),
+           "  answer:   " + (_printable(res.answer)[:300] or "(empty)"),
+           f"  verdict:  {verdict}  ({res.seconds * 1000:.0f} ms end to end)"]
+    if res.timings:
+        cells = []
+        for k, v in res.timings.items():
+            if isinstance(v, float):
+                v = f"{v:.1f}"
+            cells.append(f"{k}={v}")
+        out.append("  timings:  " + " ".join(cells))
+    return "\n".join(out)

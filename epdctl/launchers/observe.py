@@ -1,0 +1,127 @@
+"""Reconcile a recorded cluster with reality: process alive, HTTP health, load, router view.
+
+Why reconcile rather than trust state.json: workers die behind epdctl's back. `status` shows
+what is true now (a dead worker is dead, with the last lines of its log), and the router's own
+view (`GET /workers`) tells whether traffic still goes to a worker.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from epdctl.errors import ProbeError
+from epdctl.launchers.base import Launcher, tail
+from epdctl.launchers.lifecycle import ROLE_ORDER, to_handle
+from epdctl.probes import Load, get_loads, probe_health
+from epdctl.routerctl import RouterClient, RouterWorker
+from epdctl.state import ClusterState, ProcessRecord
+
+
+@dataclass
+class WorkerView:
+    """One row of `epdctl status`."""
+
+    name: str
+    role: str
+    node: str
+    pid: int
+    url: str
+    alive: bool
+    uptime_s: float | None
+    health: str                   # ok | dead | connection refused | HTTP 503 ...
+    healthy: bool
+    load: Load | None = None
+    router: str = "-"             # the router's status for this worker; "-" when not routed
+    log: str = ""
+    log_tail: str = ""            # last lines of the log when the worker is dead
+
+
+@dataclass
+class ClusterView:
+    """The whole `epdctl status` answer."""
+
+    name: str
+    topology: str
+    phase: str
+    launcher: str
+    workers: list[WorkerView] = field(default_factory=list)
+    router_ready: bool | None = None
+    router_detail: str = ""
+
+    def summary(self) -> dict[str, tuple[int, int]]:
+        """role -> (healthy, total), in start order."""
+        out: dict[str, tuple[int, int]] = {}
+        for role in (*ROLE_ORDER, "router"):
+            rows = [w for w in self.workers if w.role == role]
+            if rows:
+                out[role] = (sum(w.healthy for w in rows), len(rows))
+        return out
+
+    @property
+    def healthy(self) -> bool:
+        return all(w.healthy for w in self.workers) and self.router_ready is not False
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["summary"] = {r: {"ready": a, "total": b} for r, (a, b) in self.summary().items()}
+        d["healthy"] = self.healthy
+        return d
+
+
+def _router_view(state: ClusterState) -> tuple[dict[str, RouterWorker], bool | None, str]:
+    rec = state.router
+    if rec is None:
+        return {}, None, ""
+    client = RouterClient(rec.url, state.api_key_env, timeout=3.0)
+    ready, doc = client.readiness()
+    if "healthy_workers" in doc:
+        detail = f"{doc['healthy_workers']}/{doc.get('total_workers', '?')} workers healthy"
+    else:
+        detail = str(doc.get("reason") or doc.get("status") or "")
+    try:
+        by_url = {w.url: w for w in client.workers()}
+    except ProbeError as e:
+        return {}, ready, f"{detail}; /workers: {e}"
+    return by_url, ready, detail
+
+
+def _worker_view(rec: ProcessRecord, launcher: Launcher, routed: dict[str, RouterWorker],
+                 tail_lines: int) -> WorkerView:
+    alive = launcher.is_alive(to_handle(rec))
+    view = WorkerView(name=rec.name, role=rec.role, node=rec.node, pid=rec.pid, url=rec.url,
+                      alive=alive, uptime_s=time.time() - rec.since if alive else None,
+                      health="dead", healthy=False, log=rec.log)
+    if not alive:
+        view.log_tail = tail(to_handle(rec).log, tail_lines)
+    elif rec.is_leader:
+        h = probe_health(rec.url, rec.health_path)
+        view.health, view.healthy = h.detail, h.ok
+        if h.ok and rec.role != "router":
+            view.load = get_loads(rec.url)
+    else:
+        view.health, view.healthy = "alive (non-leader rank)", True
+    rw = routed.get(rec.url.rstrip("/"))
+    if rw is not None:
+        view.router = rw.status or ("healthy" if rw.healthy else "unhealthy")
+    elif routed and rec.role in ("prefill", "decode", "colocated") and rec.is_leader:
+        view.router = "absent"
+    return view
+
+
+def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> ClusterView:
+    """Probe every recorded process (in parallel) and the router; never raises for a dead one."""
+    view = ClusterView(name=state.name, topology=state.topology, phase=state.phase,
+                       launcher=state.launcher)
+    routed, view.router_ready, view.router_detail = _router_view(state)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        rows = pool.map(lambda r: _worker_view(r, launcher, routed, tail_lines),
+                        state.processes)
+        view.workers = list(rows)
+    router_row = next((w for w in view.workers if w.role == "router"), None)
+    if router_row is not None and router_row.alive:
+        router_row.router = "ready" if view.router_ready else f"not ready ({view.router_detail})"
+        router_row.healthy = router_row.healthy and bool(view.router_ready)
+    return view

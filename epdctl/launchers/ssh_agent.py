@@ -1,0 +1,262 @@
+"""The node side of the ssh launcher: a stdlib-only script piped to the node's python.
+
+Why a script on stdin rather than shell one-liners: start, poll and stop need exact process
+identity (pid + start time + process group), atomic record files and JSON answers, which are
+fragile in sh and identical in Python on every Linux node. Why stdin: nothing is installed or
+left on the node except the run folder, and environment values (which may hold tokens) never
+appear on a command line that `ps` shows.
+
+The launcher sends this file followed by ``_main(<request>)``; the answer is the last stdout
+line, prefixed with ``EPDCTL-AGENT``. Setup lines run before it in the same shell, so their
+``export``s reach the workers. It must not import epdctl (except to report its version).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+MARK = "EPDCTL-AGENT "
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(path):
+    return os.path.abspath(os.path.expanduser(os.path.expandvars(path)))
+
+
+def _boot_time():
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("btime "):
+                return int(line.split()[1])
+    return 0
+
+
+def _stat(pid):
+    """(state, pgid, start_ticks) of a live process, or None."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _create_time(ticks):
+    return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _ticks(rec):
+    """The leader's start time in clock ticks since boot (records from the local state only
+    carry ``create_time``, which was computed from the ticks, so this inverts it exactly)."""
+    if rec.get("start_ticks"):
+        return int(rec["start_ticks"])
+    return int(round((float(rec["create_time"]) - _boot_time()) * os.sysconf("SC_CLK_TCK")))
+
+
+def _same(rec):
+    """True while the recorded leader runs and is the process we started (pid reuse guard)."""
+    st = _stat(rec["pid"])
+    return st is not None and st[0] != "Z" and st[2] == _ticks(rec)
+
+
+def _members(rec):
+    """Live pids of the recorded group that started no earlier than its leader.
+
+    If the leader's pid now belongs to a process with another start time, the pid (and so
+    the group id) was reused: nothing is ours. Linux never hands out a pid that is still some
+    group's id, so while the leader is gone, members left in the group are its own children.
+    """
+    found, ticks = [], _ticks(rec)
+    lead = _stat(rec["pid"])
+    if lead is not None and lead[0] != "Z" and lead[2] != ticks:
+        return []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        st = _stat(int(name))
+        if st and st[0] != "Z" and st[1] == rec["pgid"] and st[2] >= ticks:
+            found.append(int(name))
+    return found
+
+
+def _tail(path, n):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            data = f.read()
+    except OSError:
+        return ""
+    lines = data.decode("utf-8", "replace").splitlines()
+    return "\n".join(lines[-n:]) if n > 0 else ""
+
+
+def _write_json(path, doc):
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def op_prepare(req):
+    folder = _expand(req["dir"])
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
+        import epdctl  # noqa: the only epdctl import: which version would run the workers
+        version, problem = getattr(epdctl, "__version__", None), None
+    except Exception as e:  # noqa: a missing or broken install is reported, not raised
+        version, problem = None, "%s: %s" % (type(e).__name__, e)
+    return {"version": version, "problem": problem, "python": sys.executable,
+            "hostname": socket.gethostname(), "dir": folder}
+
+
+def _env(spec):
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for key, value in spec.get("env", {}).items():
+        missing = [v for v in _VAR.findall(value) if v not in os.environ]
+        if missing:
+            raise ValueError("environment variable %s (used by %s) is set neither on the "
+                             "machine running epdctl nor on this node" % (missing[0], key))
+        env[key] = _VAR.sub(lambda m: os.environ[m.group(1)], value)
+    return env
+
+
+def _start_one(folder, spec):
+    name = spec["name"]
+    log = os.path.join(folder, name + ".log")
+    env = _env(spec)
+    with open(log, "ab") as out:
+        out.write(("=== epdctl: starting %s on %s at %s ===\n"
+                   % (name, socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
+        out.flush()
+        # setsid + nohup, in Python: a new session (pid == pgid == sid, no controlling terminal,
+        # so no SIGHUP when the ssh session ends), stdin from /dev/null, output to the log.
+        proc = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                close_fds=True, cwd=spec.get("cwd") or os.path.expanduser("~"))
+    st = _stat(proc.pid)
+    ticks = st[2] if st else 0
+    rec = {"name": name, "pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks,
+           "create_time": _create_time(ticks), "since": time.time(), "log": log,
+           "argv": spec["argv"], "env_keys": sorted(spec.get("env", {})),
+           "ports": spec.get("ports", [])}
+    _write_json(os.path.join(folder, name + ".json"), rec)
+    return proc, rec
+
+
+def op_start(req):
+    folder = _expand(req["dir"])
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    out, procs = {}, {}
+    for spec in req["workers"]:
+        try:
+            procs[spec["name"]], out[spec["name"]] = _start_one(folder, spec)
+        except (OSError, ValueError) as e:
+            out[spec["name"]] = {"error": "cannot start %s: %s" % (spec["argv"][0], e)}
+    deadline = time.monotonic() + float(req.get("settle", 0))
+    while procs and time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs.values()):
+            break
+        time.sleep(0.05)
+    for name, proc in procs.items():
+        rc = proc.poll()
+        if rc is not None:
+            out[name].update(alive=False, rc=rc, tail=_tail(out[name]["log"], req.get("lines", 20)))
+        else:
+            out[name]["alive"] = True
+    return {"workers": out}
+
+
+def op_poll(req):
+    out = {}
+    for rec in req["workers"]:
+        alive = _same(rec)
+        entry = {"alive": alive, "members": len(_members(rec))}
+        if not alive:
+            entry["tail"] = _tail(_expand(rec["log"]), req.get("lines", 20))
+        out[rec["name"]] = entry
+    return {"workers": out}
+
+
+def _signal_groups(recs, sig):
+    live = []
+    for rec in recs:
+        if _members(rec):
+            try:
+                os.killpg(rec["pgid"], sig)
+                live.append(rec)
+            except ProcessLookupError:
+                pass
+    return live
+
+
+def _wait_gone(recs, timeout):
+    deadline = time.monotonic() + timeout
+    left = list(recs)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [r for r in left if _members(r)]
+    return left
+
+
+def op_stop(req):
+    """TERM exactly the recorded groups, KILL what remains after the grace period."""
+    recs = req["workers"]
+    out = {r["name"]: {"was_running": False} for r in recs}
+    for rec in _signal_groups(recs, signal.SIGTERM):
+        out[rec["name"]]["was_running"] = True
+    left = _wait_gone([r for r in recs if out[r["name"]]["was_running"]], float(req["grace"]))
+    for rec in _signal_groups(left, signal.SIGKILL):
+        out[rec["name"]]["killed"] = True
+    for rec in _wait_gone(left, 5.0):
+        out[rec["name"]]["error"] = "processes %s survived SIGKILL" % _members(rec)
+    for rec in recs:
+        if req.get("lines"):
+            out[rec["name"]]["tail"] = _tail(_expand(rec["log"]), int(req["lines"]))
+        if "error" not in out[rec["name"]]:
+            try:
+                os.unlink(os.path.join(os.path.dirname(_expand(rec["log"])), rec["name"] + ".json"))
+            except OSError:
+                pass
+    return {"workers": out}
+
+
+def op_records(req):
+    """Every record left in the node's run folder (for `down` when local state is gone)."""
+    folder = _expand(req["dir"])
+    recs = []
+    if os.path.isdir(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".json"):
+                try:
+                    with open(os.path.join(folder, name)) as f:
+                        recs.append(json.load(f))
+                except (OSError, ValueError):
+                    continue
+    return {"records": recs}
+
+
+def op_tail(req):
+    return {"text": _tail(_expand(req["log"]), int(req.get("lines", 50))),
+            "exists": os.path.exists(_expand(req["log"]))}
+
+
+def _main(req):
+    ops = {"prepare": op_prepare, "start": op_start, "poll": op_poll, "stop": op_stop,
+           "records": op_records, "tail": op_tail}
+    try:
+        answer = ops[req["op"]](req)
+    except Exception as e:  # noqa: the launcher turns this into a [node] error
+        answer = {"error": "%s: %s" % (type(e).__name__, e)}
+    sys.stdout.write("\n" + MARK + json.dumps(answer) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,1 @@
+"""Preflight for `epdctl check`: parse node tools, judge nodes, measure transfer links."""

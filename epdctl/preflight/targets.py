@@ -1,0 +1,138 @@
+"""What the topology (and its plan) expect of each node: placements, NIC endpoints, node checks,
+and how to reach the node.
+
+Why here and not in the checks: the checks take plain records (``NodeExpect``, ``Endpoint``) so
+they can be tested from fixtures; this module is the only one that reads the topology model.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Mapping
+
+from epdctl.preflight.links import Endpoint, Placement
+from epdctl.preflight.node_checks import RDMA_KINDS, NicExpect, NodeExpect
+from epdctl.preflight.runners import LocalRunner, NodeRunner, SSHRunner
+
+
+def _role(value: Any) -> str:
+    return str(getattr(value, "value", value))
+
+
+def placements(topo: Any, plan: Any = None) -> list[Placement]:
+    """Every (worker, node rank) of the plan, or of the topology when no plan is given."""
+    if plan is not None:
+        return [Placement(w.name.split(".r")[0], _role(w.role), w.node, int(w.node_rank or 0))
+                for w in plan.workers]
+    return [Placement(w.name, _role(w.role), node, rank)
+            for w in topo.workers for rank, node in enumerate(w.nodes)]
+
+
+def transport_of(topo: Any) -> str:
+    """The agent's transport: mooncake when KV or embeddings go over Mooncake, else ZMQ."""
+    t = topo.transfer
+    return "mooncake" if "mooncake" in (t.backend, t.embeddings) else "zmq"
+
+
+def version_keys(topo: Any) -> tuple[str, ...]:
+    """Packages whose versions must match on every node for this topology."""
+    engine = {"sglang": ("sglang",), "vllm": ("vllm",),
+              "embedded": ("torch", "transformers")}.get(topo.engine, ())
+    transport = ("mooncake",) if transport_of(topo) == "mooncake" else ("pyzmq",)
+    return ("python", "epdctl", *engine, *transport)
+
+
+def endpoints(topo: Any, node_name: str) -> list[Endpoint]:
+    """The node's transfer endpoints: the transfer NICs that have an IP (RDMA NICs first when
+    the backend is an RDMA engine), else the node's host address."""
+    node = topo.node(node_name)
+    nics = [n for n in node.nics if n.ip]
+    if topo.transfer.nics:
+        nics = [n for n in nics if n.name in topo.transfer.nics]
+    if topo.transfer.backend in ("mooncake", "nixl") and any(n.kind in RDMA_KINDS for n in nics):
+        nics = [n for n in nics if n.kind in RDMA_KINDS]
+    if not nics:
+        return [Endpoint(node.name, "host", "eth", node.host, None)]
+    return [Endpoint(node.name, n.name, n.kind, n.ip, n.speed_gbps) for n in nics]
+
+
+def _ports(topo: Any, plan: Any) -> dict[str, list[tuple[str, int]]]:
+    out: dict[str, list[tuple[str, int]]] = {}
+    if plan is not None:
+        for w in plan.workers:
+            for p in (w.port, getattr(w, "bootstrap_port", None),
+                      getattr(w, "encoder_bootstrap_port", None)):
+                if p:
+                    out.setdefault(w.node, []).append((w.host, int(p)))
+        r = getattr(plan, "router", None)
+        if r is not None:
+            for p in (r.port, getattr(r, "prometheus_port", None)):
+                if p:
+                    out.setdefault(r.node, []).append((r.host, int(p)))
+        return out
+    for w in topo.workers:
+        for rank, node in enumerate(w.nodes):
+            ports = (w.port, w.bootstrap_port, w.encoder_bootstrap_port) if rank == 0 else ()
+            for p in (*ports, w.dist_init_port if rank == 0 else None):
+                if p:
+                    out.setdefault(node, []).append((w.settings.host, int(p)))
+    if topo.router is not None:
+        for p in (topo.router.port, topo.router.prometheus_port):
+            if p:
+                out.setdefault(topo.router.node, []).append((topo.router.host, int(p)))
+    return out
+
+
+def used_nodes(topo: Any) -> list[str]:
+    names = {n for w in topo.workers for n in w.nodes}
+    if topo.router is not None:
+        names.add(topo.router.node)
+    return [n.name for n in topo.nodes if n.name in names]
+
+
+def expectations(topo: Any, plan: Any = None, min_disk_gb: float = 1.0) -> dict[str, NodeExpect]:
+    ports = _ports(topo, plan)
+    rdma_backend = topo.transfer.backend in ("mooncake", "nixl")
+    out: dict[str, NodeExpect] = {}
+    for name in used_nodes(topo):
+        node = topo.node(name)
+        needed = 0 if topo.engine == "embedded" else sum(
+            w.gpus_per_node for w in topo.workers if name in w.nodes)
+        nics = tuple(NicExpect(n.name, n.kind, n.ip, n.speed_gbps) for n in node.nics)
+        out[name] = NodeExpect(
+            node=name, nics=nics, gpus=node.gpus or needed,
+            model_path=topo.model.path if any(name in w.nodes for w in topo.workers) else None,
+            ports=tuple(dict.fromkeys(ports.get(name, []))), min_disk_gb=min_disk_gb,
+            rdma_transport=rdma_backend and any(n.kind in RDMA_KINDS for n in node.nics))
+    return out
+
+
+def runners_for(topo: Any, ssh_options: Any = None) -> Mapping[str, NodeRunner]:
+    """Local processes for the local launcher; for ssh and slurm, SSH exactly as the ssh
+    launcher reaches the nodes (jump hosts, setup commands, host-key policy and the
+    EPDCTL_SSH_* / EPDCTL_KNOWN_HOSTS settings)."""
+    names = used_nodes(topo)
+    if topo.launcher == "local":
+        # as the local launcher does: a bare python is the interpreter epdctl runs in
+        python = sys.executable if topo.python in ("python", "python3") else topo.python
+        return {n: LocalRunner(n, python=python) for n in names}
+    from epdctl.launchers.ssh import _options_from_env, nodes_from_topology
+    from epdctl.sshconn import ConnectionPool
+
+    access = nodes_from_topology(topo)
+    pool = ConnectionPool(ssh_options or _options_from_env(None))
+    return {n: SSHRunner(n, _LazyConn(pool, access[n].target), python=access[n].python,
+                         setup=tuple(access[n].setup)) for n in names}
+
+
+class _LazyConn:
+    """Connects on first use, inside the fan-out thread, so one dead node never blocks others."""
+
+    def __init__(self, pool: Any, target: Any):
+        self.pool, self.target = pool, target
+
+    def run(self, command: str, timeout: float | None = None) -> Any:
+        return self.pool.get(self.target).run(command, timeout=timeout)
+
+    def stream(self, command: str) -> Any:
+        return self.pool.get(self.target).stream(command)

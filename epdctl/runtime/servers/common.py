@@ -1,0 +1,164 @@
+"""Pieces every worker app shares: error middleware, JSON helpers, serving with a clean stop.
+
+Every error a client can cause leaves as an OpenAI-style JSON body with the right status; an
+unexpected exception is logged with its traceback and answered 500, never crashing the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import signal
+import time
+from importlib import metadata
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+
+from epdctl.runtime.errors import BadRequestError, RuntimeWorkerError, TransferError
+from epdctl.runtime.openai_api import ApiError, decode_json, error_body
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MAX_BODY_BYTES = 512 * 1024 * 1024
+
+
+def version() -> str:
+    try:
+        return metadata.version("epdctl")
+    except metadata.PackageNotFoundError:
+        return "0.0.0"
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=json.dumps(obj), content_type="application/json")
+
+
+def error_response(err: ApiError) -> web.Response:
+    return json_response(err.body(), err.status)
+
+
+def to_api_error(exc: BaseException) -> ApiError:
+    """Map the runtime's own exceptions to HTTP errors."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, BadRequestError):
+        status = getattr(exc, "status", 400)
+        return ApiError(status, getattr(exc, "message", str(exc)))
+    if isinstance(exc, TransferError):
+        return ApiError(502, f"transfer failed: {exc}", "transfer_failed")
+    if isinstance(exc, asyncio.TimeoutError):
+        return ApiError(504, "timed out", "timeout")
+    return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error", "server_error")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status)
+        return json_response(error_body(f"{exc.reason}: {request.method} {request.path}",
+                                        "invalid_request_error", code), exc.status)
+    except (ApiError, BadRequestError) as exc:
+        return error_response(to_api_error(exc))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(to_api_error(exc))
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    """The request body as a JSON object, or ApiError(400/413)."""
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"request body is larger than {request.app._client_max_size} bytes",
+                       "request_too_large") from None
+    return decode_json(raw)
+
+
+def make_app() -> web.Application:
+    return web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+
+
+class ModelThread:
+    """One thread that runs every model call of a worker, in arrival order.
+
+    torch releases the GIL inside kernels, so the event loop keeps answering /health while a
+    forward pass runs; one thread means model state (e.g. rope deltas) is never shared.
+    """
+
+    def __init__(self, name: str):
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.pending = 0
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            self.pending -= 1
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Stopwatch:
+    """Milliseconds since creation, for the per-stage ``timings``."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1000.0
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        out = (now - self.t0) * 1000.0
+        self.t0 = now
+        return out
+
+
+async def serve(apps: list[tuple[web.Application, str, int]],
+                on_ready: Callable[[], Awaitable[None]] | None = None,
+                on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Bind every (app, host, port), run until SIGTERM/SIGINT, then stop gracefully.
+
+    A port that cannot be bound raises RuntimeWorkerError with a one-line reason.
+    """
+    runners: list[web.AppRunner] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        for app, host, port in apps:
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+                                   handler_cancellation=True)  # a gone client cancels its handler
+            await runner.setup()
+            runners.append(runner)
+            try:
+                await web.TCPSite(runner, host, port, reuse_address=True).start()
+            except OSError as exc:
+                raise RuntimeWorkerError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                                         "(is another process using this port?)") from None
+            log.info("listening on http://%s:%d", host, port)
+        if on_ready is not None:
+            await on_ready()
+        await stop.wait()
+        log.info("stopping (signal received)")
+    finally:
+        if on_stop is not None:
+            try:
+                await on_stop()
+            except Exception:
+                log.exception("error while stopping")
+        for runner in reversed(runners):
+            await runner.cleanup()

@@ -1,0 +1,254 @@
+"""Decode worker: claim the room's KV from the prefill, then stream tokens to the client.
+
+One thread drives ``DecodeEngine.step()`` (continuous batching); each request only waits on
+its own token queue. The KV wait is bounded by ``--kv-timeout``; a KV that arrives after its
+client left is still received and dropped at once, so it never lingers in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from epdctl.runtime.metrics import Registry
+from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.servers.bootstrap import register_route
+from epdctl.runtime.servers.common import make_app, read_json
+from epdctl.runtime.servers.engine_loop import EngineLoop
+from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
+from epdctl.runtime.servers.respond import Generation, respond
+
+log = logging.getLogger(__name__)
+
+
+class GenerationMetrics:
+    """TTFT/TPOT histograms and request outcomes, shared by decode and colocated workers."""
+
+    def __init__(self, m: Registry):
+        self.requests = m.counter("requests_total", "Chat requests by HTTP status")
+        self.ttft = m.histogram("ttft_seconds", "Request arrival to first token")
+        self.tpot = m.histogram("tpot_seconds", "Time per output token after the first")
+        self.stage = m.histogram("stage_seconds", "Per-stage latency (kv_wait, decode, ...)")
+        self.tokens = m.counter("generated_tokens_total", "Tokens generated")
+        self.disconnects = m.counter("client_disconnects_total", "Clients that left mid-request (sequence aborted)")
+
+    async def respond(self, request: web.Request, gen: Generation) -> tuple[web.StreamResponse, Any]:
+        try:
+            resp, out = await respond(request, gen)
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.disconnects.inc()
+            raise
+        self.record(out)
+        return resp, out
+
+    def record(self, out: Any) -> None:
+        if out.ttft_s is not None:
+            self.ttft.observe(out.ttft_s)
+        if out.tpot_s is not None:
+            self.tpot.observe(out.tpot_s)
+        self.tokens.inc(out.completion_tokens)
+        self.stage.observe(out.timings.get("decode_ms", 0.0) / 1000.0, {"stage": "decode"})
+
+
+class DecodeServer:
+    def __init__(self, args: Any, bundle: Any, engine: Any, transport: Any, info: WorkerInfo):
+        from epdctl.runtime import wire
+        from epdctl.runtime.sampling import SamplingParams
+
+        self._wire, self._Sampling = wire, SamplingParams
+        self.args = args
+        self.bundle = bundle
+        self.engine = engine
+        self.transport = transport
+        self.info = info
+        self.loop: EngineLoop | None = None
+        self.slots = asyncio.Semaphore(args.max_running_requests)
+        self.waiting_kv = 0
+        self.waiting_slot = 0
+        self.used_tokens: dict[str, int] = {}
+        self.session: aiohttp.ClientSession | None = None
+        self.late: set[asyncio.Task] = set()
+        self.metrics = Registry("epd_decode")
+        self.gm = GenerationMetrics(self.metrics)
+        self.m_kv = self.metrics.counter("kv_receive_total", "KV receptions by outcome (ok, timeout, error, late)")
+        m = self.metrics
+        m.gauge("running_requests", "Sequences being decoded", lambda: float(self.loop.num_running if self.loop else 0))
+        m.gauge("queue_depth", "Requests waiting for their KV or a decode slot",
+                lambda: float(self.waiting_kv + self.waiting_slot))
+        transport_metrics(m, self.transport)
+
+    def app(self) -> web.Application:
+        app = make_app()
+        app.router.add_post("/v1/chat/completions", self.h_chat)
+        add_info_routes(app, self.info, self.metrics, self.loads, self.health_generate)
+        return app
+
+    def loads(self) -> dict[str, int]:
+        return {"num_running_reqs": self.loop.num_running if self.loop else 0,
+                "num_waiting_reqs": self.waiting_kv + self.waiting_slot,
+                "num_used_tokens": sum(self.used_tokens.values())}
+
+    async def health_generate(self) -> dict[str, Any]:
+        """A real two-token generation: local prefill of a short prompt, then one decode step."""
+        from epdctl.runtime.prefill_engine import LanguagePrefill
+        from epdctl.runtime.prompt import build_prompt
+
+        params = self._Sampling(max_tokens=2, stop_token_ids=[])
+
+        def prefill() -> Any:
+            prompt = build_prompt(self.bundle, [{"role": "user", "content": "hi"}], [])
+            return LanguagePrefill(self.bundle).prefill(prompt, [], params)
+
+        result = await self.loop.call(prefill)
+        q = await self.loop.add("health-" + uuid.uuid4().hex, result, params)
+        tokens = []
+        while True:
+            item = await asyncio.wait_for(q.get(), 30)
+            if isinstance(item, BaseException) or not isinstance(item, tuple):
+                raise ApiError(503, f"health generation failed: {item}", "unhealthy")
+            tokens.append(item[0])
+            if item[1]:
+                return {"tokens": tokens}
+
+    async def h_chat(self, request: web.Request) -> web.StreamResponse:
+        t_arrival = time.perf_counter()
+        try:
+            # the image limit is the prefill's to enforce: it sends its error here under the room
+            req = parse_chat_request(await read_json(request), self.info.served_name,
+                                     max_images=1 << 30, require_room=True)
+            if not req.bootstrap_host or req.bootstrap_port is None:
+                raise ApiError(400, "missing 'bootstrap_host'/'bootstrap_port': the decode must know the prefill's "
+                                    "bootstrap server (the PD router adds them)", "missing_field")
+            meta, tensors, kv_wait_ms = await self._receive_kv(req)
+            resp = await self._generate(request, req, meta, tensors, kv_wait_ms, t_arrival)
+        except ApiError as err:
+            self.gm.requests.inc(labels={"status": str(err.status)})
+            raise
+        self.gm.requests.inc(labels={"status": "200"})
+        return resp
+
+    async def _receive_kv(self, req: Any) -> tuple[dict, dict, float]:
+        room = str(req.bootstrap_room)
+        t0 = time.perf_counter()
+        recv = asyncio.create_task(self.transport.recv(room, self.args.kv_timeout))
+        done = False
+        self.waiting_kv += 1
+        try:
+            await register_route(self.session, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room,
+                                 self.transport.address, timeout=min(10.0, self.args.kv_timeout))
+            try:
+                meta, tensors = await recv
+            except asyncio.TimeoutError:
+                self.m_kv.inc(labels={"outcome": "timeout"})
+                raise ApiError(504, f"no KV cache arrived for bootstrap_room {room} from the prefill at "
+                                    f"{req.bootstrap_host}:{req.bootstrap_port} within {self.args.kv_timeout:g} s "
+                                    "(--kv-timeout); did the prefill get the same request?", "kv_timeout") from None
+            done = True
+        except asyncio.CancelledError:
+            self._drain_late(room)
+            raise
+        finally:
+            self.waiting_kv -= 1
+            if not done:
+                if not recv.done():
+                    recv.cancel()
+                self.transport.discard(room)
+        if meta.get("kind") == "error":
+            self.m_kv.inc(labels={"outcome": "error"})
+            raise ApiError(int(meta.get("status", 500)), f"prefill: {meta.get('message')}", meta.get("code"),
+                           meta.get("type"))
+        self.m_kv.inc(labels={"outcome": "ok"})
+        return meta, tensors, (time.perf_counter() - t0) * 1000.0
+
+    def _drain_late(self, room: str) -> None:
+        """The client left before its KV came: take the KV when it arrives and drop it."""
+        async def drain() -> None:
+            try:
+                await self.transport.recv(room, self.args.kv_timeout)
+                self.m_kv.inc(labels={"outcome": "late"})
+            except Exception:
+                pass
+            finally:
+                self.transport.discard(room)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self.late.add(task)
+        task.add_done_callback(self.late.discard)
+
+    async def _generate(self, request: web.Request, req: Any, meta: dict, tensors: dict, kv_wait_ms: float,
+                        t_arrival: float) -> web.StreamResponse:
+        result = self._wire.tensors_to_prefill_result(meta, tensors)
+        kv_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+        del tensors
+        params = self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                                seed=req.seed, stop_token_ids=list(self.bundle.eos_token_ids))
+        pt = meta.get("timings", {})
+        sent_at = float(meta.get("sent_at", time.time()))
+        timings = {"encode_ms": pt.get("encode_ms", 0.0), "prefill_ms": pt.get("prefill_ms", 0.0),
+                   "kv_transfer_ms": max(0.0, (time.time() - sent_at) * 1000.0), "kv_wait_ms": kv_wait_ms,
+                   "kv_bytes": float(kv_bytes), "embedding_bytes": pt.get("embedding_bytes", 0.0)}
+        self.gm.stage.observe(kv_wait_ms / 1000.0, {"stage": "kv_wait"})
+        seq_id = f"{req.bootstrap_room}-{uuid.uuid4().hex[:8]}"
+        self.waiting_slot += 1
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting_slot -= 1
+        try:
+            tokens = await self.loop.add(seq_id, result, params)
+            del result
+            self.used_tokens[seq_id] = int(meta.get("prompt_len", 0))
+
+            def on_token(_: int) -> None:
+                self.used_tokens[seq_id] = self.used_tokens.get(seq_id, 0) + 1
+
+            gen = Generation(seq_id=seq_id, req=req, tokens=tokens, prompt_len=int(meta.get("prompt_len", 0)),
+                             stop_ids=set(params.stop_token_ids), decode=self._detok, abort=self.loop.abort,
+                             t_arrival=t_arrival, timings=timings, on_token=on_token)
+            resp, out = await self.gm.respond(request, gen)
+            return resp
+        finally:
+            self.used_tokens.pop(seq_id, None)
+            self.slots.release()
+
+    def _detok(self, ids: list[int]) -> str:
+        return self.bundle.tokenizer.decode(ids, skip_special_tokens=True)
+
+    async def on_ready(self) -> None:
+        self.session = aiohttp.ClientSession()
+        self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
+        self.loop.start()
+
+    async def on_stop(self) -> None:
+        for task in list(self.late):
+            task.cancel()
+        if self.loop is not None:
+            await asyncio.to_thread(self.loop.stop)
+        if self.session is not None:
+            await self.session.close()
+        await self.transport.close()
+
+
+async def run_decode(args: Any) -> None:
+    from epdctl.runtime.decode_engine import DecodeEngine
+    from epdctl.runtime.model import load_bundle
+    from epdctl.runtime.servers.common import serve
+    from epdctl.runtime.transports import open_transport
+
+    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="decode")
+    engine = DecodeEngine(bundle, max_running=args.max_running_requests)
+    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    await transport.start()
+    info = WorkerInfo(role="decode", served_name=args.served_model_name or bundle.served_name,
+                      model_path=args.model_path, transport=args.transport,
+                      max_running_requests=args.max_running_requests,
+                      max_images_per_request=args.max_images_per_request,
+                      context_length=int(bundle.config.text_config.max_position_embeddings))
+    server = DecodeServer(args, bundle, engine, transport, info)
+    await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop)

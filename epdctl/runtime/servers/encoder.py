@@ -1,0 +1,239 @@
+"""Encoder worker: ``POST /encode`` → vision tower → embeddings pushed to the prefill's transport.
+
+Concurrent requests (from one or many prefills) are collected for a few milliseconds and run
+as one ``VisionEncoder.encode`` call, so the vision tower sees one batch instead of many small
+ones. If a batch fails on one bad image, its requests are re-run one by one so only the
+request that sent the bad image gets the 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from epdctl.runtime.errors import BadRequestError
+from epdctl.runtime.metrics import Registry
+from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.common import ModelThread, json_response, make_app, read_json, serve, to_api_error
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    images: list[bytes]
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class EncodeBatcher:
+    """Gathers concurrent encode jobs into one model call (bounded by images and wait time)."""
+
+    def __init__(self, encoder: Any, thread: ModelThread, max_batch_images: int, wait_s: float):
+        self.encoder = encoder
+        self.thread = thread
+        self.max_batch_images = max(1, max_batch_images)
+        self.wait_s = wait_s
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self.batches = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def encode(self, images: list[bytes]) -> list[Any]:
+        job = _Job(images)
+        await self.queue.put(job)
+        return await job.future
+
+    async def _loop(self) -> None:
+        while True:
+            jobs = [await self.queue.get()]
+            n = len(jobs[0].images)
+            deadline = time.monotonic() + self.wait_s
+            while n < self.max_batch_images:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), left)
+                except asyncio.TimeoutError:
+                    break
+                jobs.append(job)
+                n += len(job.images)
+            await self._run(jobs)
+
+    async def _run(self, jobs: list[_Job]) -> None:
+        self.batches += 1
+        flat = [img for job in jobs for img in job.images]
+        try:
+            results = await self.thread.run(self.encoder.encode, flat)
+        except Exception as exc:
+            if len(jobs) > 1 and isinstance(exc, BadRequestError):
+                for job in jobs:  # isolate the request with the bad image
+                    await self._run([job])
+                return
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        k = 0
+        for job in jobs:
+            if not job.future.done():
+                job.future.set_result(results[k:k + len(job.images)])
+            k += len(job.images)
+
+
+class EncoderServer:
+    def __init__(self, args: Any, encoder: Any, transport: Any, wire: Any):
+        self.args = args
+        self.encoder = encoder
+        self.transport = transport
+        self.wire = wire
+        self.thread = ModelThread("encoder")
+        self.batcher = EncodeBatcher(encoder, self.thread, args.max_batch_size, args.batch_wait_ms / 1000.0)
+        self.session: aiohttp.ClientSession | None = None
+        self.metrics = Registry("epd_encoder")
+        self._register_task: asyncio.Task | None = None
+        self._init_metrics()
+
+    def _init_metrics(self) -> None:
+        m = self.metrics
+        self.m_requests = m.counter("requests_total", "Encode requests by outcome")
+        self.m_latency = m.histogram("encode_seconds", "Time from /encode arrival to embeddings sent")
+        self.m_batch = m.histogram("batch_images", "Images per vision-tower batch",
+                                   buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        stats = lambda k: (lambda: float(self.encoder.stats.get(k, 0)))  # noqa: E731
+        m.counter_fn("cache_hits_total", "Embedding-cache hits", stats("cache_hits"))
+        m.counter_fn("cache_misses_total", "Embedding-cache misses", stats("cache_misses"))
+        m.gauge("cache_bytes", "Bytes held by the embedding cache", stats("cache_bytes"))
+        m.counter_fn("vision_seconds_total", "Seconds spent in the vision tower", stats("vision_seconds"))
+        m.gauge("queue_depth", "Encode jobs waiting for a batch", lambda: float(self.batcher.queue.qsize()))
+        tstat = lambda k: (lambda: float(self.transport.stats.get(k, 0)))  # noqa: E731
+        m.counter_fn("transport_bytes_sent_total", "Embedding bytes sent over the transport", tstat("bytes_sent"))
+        m.counter_fn("transport_failures_total", "Failed transport sends", tstat("failures"))
+
+    def app(self) -> web.Application:
+        app = make_app()
+        app.router.add_post("/encode", self.h_encode)
+        app.router.add_get("/health", self.h_health)
+        app.router.add_get("/health_generate", self.h_health)
+        app.router.add_get("/metrics", self.h_metrics)
+        return app
+
+    async def h_health(self, _: web.Request) -> web.Response:
+        return json_response({"status": "ok", "role": "encoder"})
+
+    async def h_metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain")
+
+    async def h_encode(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            key, reply_to, images = _parse_encode(await read_json(request))
+            results = await self.batcher.encode(images)
+            meta, tensors = self.wire.embeds_to_tensors(results)
+            nbytes = await self.transport.send(reply_to, key, meta, tensors)
+        except Exception as exc:
+            err = to_api_error(exc)
+            self.m_requests.inc(labels={"outcome": str(err.status)})
+            if err.status >= 500:
+                log.error("encode failed: %s", err.message)
+            raise err from None
+        self.m_batch.observe(len(images))
+        self.m_requests.inc(labels={"outcome": "200"})
+        elapsed = time.perf_counter() - t0
+        self.m_latency.observe(elapsed)
+        return json_response({"key": key, "num_images": len(results), "cached": [r.cached for r in results],
+                              "nbytes": nbytes, "encode_ms": elapsed * 1000.0})
+
+    def public_url(self) -> str:
+        host = self.args.host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        return f"http://{host}:{self.args.port}"
+
+    async def _register_loop(self) -> None:
+        """Register with every prefill registry; prefills may start after us, so keep retrying."""
+        pending = list(self.args.register_urls or [])
+        delay = 0.5
+        while pending:
+            for base in list(pending):
+                try:
+                    async with self.session.post(base.rstrip("/") + "/register_encoder_url",
+                                                 json={"url": self.public_url()},
+                                                 timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                        if resp.status == 200:
+                            pending.remove(base)
+                            log.info("registered with %s", base)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    pass
+            if pending:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _unregister(self) -> None:
+        for base in self.args.register_urls or []:
+            try:
+                async with self.session.delete(base.rstrip("/") + "/unregister_encoder_url",
+                                               json={"url": self.public_url()},
+                                               timeout=aiohttp.ClientTimeout(total=2)):
+                    pass
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                log.warning("could not unregister from %s", base)
+
+    async def on_ready(self) -> None:
+        self.session = aiohttp.ClientSession()
+        self.batcher.start()
+        if self.args.register_urls:
+            self._register_task = asyncio.create_task(self._register_loop())
+
+    async def on_stop(self) -> None:
+        if self._register_task is not None:
+            self._register_task.cancel()
+        if self.session is not None:
+            await self._unregister()
+            await self.session.close()
+        await self.batcher.stop()
+        await self.transport.close()
+        self.thread.shutdown()
+
+
+def _parse_encode(body: dict[str, Any]) -> tuple[str, str, list[bytes]]:
+    key, reply_to, images = body.get("key"), body.get("reply_to"), body.get("images")
+    if not isinstance(key, str) or not isinstance(reply_to, str) or not isinstance(images, list) or not images:
+        raise ApiError(400, 'body must be {"key": str, "reply_to": str, "images": [base64, ...]}', "missing_field")
+    out = []
+    for i, data in enumerate(images):
+        try:
+            out.append(base64.b64decode(data, validate=True))
+        except (binascii.Error, ValueError, TypeError):
+            raise ApiError(400, f"image {i + 1}: not valid base64", "invalid_image") from None
+    return key, reply_to, out
+
+
+async def run_encoder(args: Any) -> None:
+    from epdctl.runtime import wire
+    from epdctl.runtime.encoder_engine import VisionEncoder
+    from epdctl.runtime.model import load_bundle
+    from epdctl.runtime.transports import open_transport
+
+    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="encoder")
+    encoder = VisionEncoder(bundle, cache_mb=args.cache_mb)
+    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    await transport.start()
+    server = EncoderServer(args, encoder, transport, wire)
+    await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop)

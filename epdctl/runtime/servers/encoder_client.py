@@ -1,0 +1,115 @@
+"""The prefill's side of E→P: split a request's images over the encoders and collect embeddings.
+
+Identical images in one request are encoded once. Each group goes to the encoder chosen by
+the registry (cache affinity, then load); a group whose encoder cannot be reached is retried
+on another one and the failure counts towards that encoder's eviction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import uuid
+from typing import Any
+
+import aiohttp
+
+from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.registry import EncoderRegistry
+
+log = logging.getLogger(__name__)
+
+
+class _EncoderDown(Exception):
+    pass
+
+
+class EncoderClient:
+    def __init__(self, registry: EncoderRegistry, session: aiohttp.ClientSession, transport: Any, wire: Any,
+                 timeout: float = 60.0):
+        self.registry = registry
+        self.session = session
+        self.transport = transport
+        self.wire = wire
+        self.timeout = timeout
+
+    async def encode(self, images: list[bytes]) -> tuple[list[Any], int]:
+        """Embeddings for ``images`` in request order, and the embedding bytes received."""
+        unique: dict[str, bytes] = {}
+        for data in images:
+            unique.setdefault(hashlib.sha256(data).hexdigest(), data)
+        groups: dict[str, list[str]] = {}
+        placed: dict[str, int] = {}
+        for digest in unique:
+            url = self.registry.pick(digest, extra=placed).url
+            groups.setdefault(url, []).append(digest)
+            placed[url] = placed.get(url, 0) + 1
+        parts = await asyncio.gather(*(self._group(url, [unique[d] for d in ds]) for url, ds in groups.items()))
+        by_digest: dict[str, Any] = {}
+        for encoded in parts:
+            for e in encoded:
+                by_digest[e.digest] = e
+        nbytes = sum(e.embeds.numel() * e.embeds.element_size() for e in by_digest.values())
+        return [by_digest[hashlib.sha256(d).hexdigest()] for d in images], nbytes
+
+    async def _group(self, url: str, images: list[bytes]) -> list[Any]:
+        tried: set[str] = set()
+        digest = hashlib.sha256(images[0]).hexdigest()
+        last = ""
+        while True:
+            state = self.registry.encoders.get(url)
+            if state is None or not state.healthy or url in tried:
+                try:
+                    state = self.registry.pick(digest, exclude=tried)
+                except ApiError:
+                    raise ApiError(503, f"no encoder could encode the images (last error: {last or 'none'}); "
+                                        "check the encoders' logs and /list_encoder_urls", "encoder_unavailable")
+                url = state.url
+            tried.add(url)
+            state.inflight += len(images)
+            try:
+                result = await self._call(url, images)
+                state.served += len(images)
+                return result
+            except _EncoderDown as exc:
+                last = str(exc)
+                log.warning("encoder %s failed (%s); trying another encoder", url, exc)
+                self.registry.mark_failed(url)
+            finally:
+                state.inflight -= len(images)
+
+    async def _call(self, url: str, images: list[bytes]) -> list[Any]:
+        key = "enc-" + uuid.uuid4().hex
+        recv = asyncio.create_task(self.transport.recv(key, self.timeout))
+        body = {"key": key, "reply_to": self.transport.address,
+                "images": [base64.b64encode(b).decode() for b in images]}
+        try:
+            try:
+                async with self.session.post(url + "/encode", json=body,
+                                             timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                    if resp.status != 200:
+                        detail = await _error_message(resp)
+                        if resp.status < 500:
+                            raise ApiError(resp.status, detail, "encoder_rejected")
+                        raise _EncoderDown(f"HTTP {resp.status}: {detail}")
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                raise _EncoderDown(f"{type(exc).__name__}: {exc}") from None
+            try:
+                meta, tensors = await recv
+            except asyncio.TimeoutError:
+                raise _EncoderDown(f"embeddings did not arrive within {self.timeout:g} s") from None
+            return self.wire.tensors_to_embeds(meta, tensors)
+        finally:
+            if not recv.done():
+                recv.cancel()
+            self.transport.discard(key)
+
+
+async def _error_message(resp: aiohttp.ClientResponse) -> str:
+    try:
+        body = await resp.json(content_type=None)
+        return str(body["error"]["message"])
+    except Exception:
+        return (await resp.text())[:300]

@@ -1,0 +1,241 @@
+"""Prefill worker: images → encoders → prefill → KV handed to the decode of the same room.
+
+The router waits for our answer before the client sees a first token, so we answer 200 as
+soon as the prefill is done and hand the KV over in the background. A request that fails here
+also fails its decode partner fast: the error is sent to the decode under the room's key
+instead of letting it wait for a KV that will never come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from epdctl.runtime.images import ImageLimits, load_images
+from epdctl.runtime.metrics import Registry
+from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.servers.bootstrap import KVBootstrap
+from epdctl.runtime.servers.common import ModelThread, Stopwatch, json_response, make_app, read_json, to_api_error
+from epdctl.runtime.servers.encoder_client import EncoderClient
+from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
+from epdctl.runtime.servers.registry import EncoderRegistry, bootstrap_app
+
+log = logging.getLogger(__name__)
+
+
+class PrefillServer:
+    def __init__(self, args: Any, bundle: Any, engine: Any, transport: Any, info: WorkerInfo):
+        from epdctl.runtime import wire
+        from epdctl.runtime.prompt import build_prompt
+        from epdctl.runtime.sampling import SamplingParams
+
+        self._wire, self._build_prompt, self._Sampling = wire, build_prompt, SamplingParams
+        self.args = args
+        self.bundle = bundle
+        self.engine = engine
+        self.transport = transport
+        self.info = info
+        self.thread = ModelThread("prefill")
+        self.registry = EncoderRegistry(args.encoder_urls or [], probe_interval=args.encoder_probe_interval)
+        self.bootstrap = KVBootstrap(route_ttl=max(4 * args.kv_timeout, 60.0))
+        self.limits = ImageLimits(max_bytes=args.max_image_bytes, allow_local_files=args.allow_local_files,
+                                  fetch_timeout=args.image_fetch_timeout)
+        self.session: aiohttp.ClientSession | None = None
+        self.encoders: EncoderClient | None = None
+        self.handoffs: set[asyncio.Task] = set()
+        self.running = 0
+        self.pending_kv_tokens = 0
+        self.kv_held = 0
+        self.metrics = Registry("epd_prefill")
+        self._init_metrics()
+
+    def _init_metrics(self) -> None:
+        m = self.metrics
+        self.m_requests = m.counter("requests_total", "Prefill requests by HTTP status")
+        self.m_stage = m.histogram("stage_seconds", "Per-stage latency (fetch, encode, prefill, kv_send)")
+        self.m_ttft = m.histogram("ttft_seconds", "Request arrival to first token (prefill done)")
+        self.m_cache = m.counter("embedding_cache_total", "Images by encoder embedding-cache result")
+        self.m_handoff = m.counter("kv_handoffs_total", "KV hand-offs by outcome (sent, no_decode, failed)")
+        m.gauge("queue_depth", "Model calls waiting for the prefill thread", lambda: float(self.thread.pending))
+        m.gauge("running_requests", "Requests being prefilled", lambda: float(self.running))
+        m.gauge("pending_kv_handoffs", "KV caches held while waiting for their decode", lambda: float(self.kv_held))
+        m.gauge("healthy_encoders", "Encoders admitted by the registry", lambda: float(len(self.registry.healthy_urls())))
+        transport_metrics(m, self.transport)
+
+    def app(self) -> web.Application:
+        app = make_app()
+        app.router.add_post("/v1/chat/completions", self.h_chat)
+        self.registry.add_routes(app)
+        add_info_routes(app, self.info, self.metrics, self.loads, self.health_generate)
+        return app
+
+    def encoder_bootstrap_app(self) -> web.Application:
+        return bootstrap_app(self.registry, make_app())
+
+    def loads(self) -> dict[str, int]:
+        return {"num_running_reqs": self.running, "num_waiting_reqs": self.thread.pending,
+                "num_used_tokens": self.pending_kv_tokens}
+
+    async def health_generate(self) -> dict[str, Any]:
+        """A real forward pass: text-only prefill of a short prompt."""
+        prompt = await self.thread.run(self._build_prompt, self.bundle, [{"role": "user", "content": "hi"}], [])
+        result = await self.thread.run(self.engine.prefill, prompt, [], self._Sampling(max_tokens=1))
+        return {"prompt_tokens": result.prompt_len, "first_token": result.first_token}
+
+    def sampling(self, req: Any) -> Any:
+        return self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
+                              seed=req.seed, stop_token_ids=list(self.bundle.eos_token_ids))
+
+    async def h_chat(self, request: web.Request) -> web.Response:
+        t_arrival = time.perf_counter()
+        body = await read_json(request)
+        try:
+            req = parse_chat_request(body, self.info.served_name, max_images=self.args.max_images_per_request,
+                                     require_room=True)
+        except ApiError as err:
+            self._fail_partner(body.get("bootstrap_room"), err)
+            self.m_requests.inc(labels={"status": str(err.status)})
+            raise
+        room = str(req.bootstrap_room)
+        self.running += 1
+        try:
+            result, timings = await self._prefill(req, t_arrival)
+        except asyncio.CancelledError:
+            self._fail_partner(room, ApiError(500, "the prefill request was cancelled (its caller went away)",
+                                              "prefill_cancelled", "server_error"))
+            raise
+        except Exception as exc:
+            err = to_api_error(exc)
+            self._fail_partner(room, err)
+            self.m_requests.inc(labels={"status": str(err.status)})
+            if err.status >= 500:
+                log.error("room %s: prefill failed: %s", room, err.message)
+            raise err from None
+        finally:
+            self.running -= 1
+        self.m_requests.inc(labels={"status": "200"})
+        self.m_ttft.observe(time.perf_counter() - t_arrival)
+        self._spawn(self._handoff(room, result, timings))
+        return json_response({"status": "ok", "bootstrap_room": req.bootstrap_room,
+                              "prompt_tokens": result.prompt_len, "timings": timings})
+
+    async def _prefill(self, req: Any, t_arrival: float) -> tuple[Any, dict[str, float]]:
+        watch = Stopwatch()
+        images = await load_images(req.image_refs, self.limits, self.session)
+        fetch_s = watch.lap() / 1000.0
+        self.m_stage.observe(fetch_s, {"stage": "fetch"})
+        encoded, emb_bytes = await self.encoders.encode(images) if images else ([], 0)
+        encode_ms = watch.lap()
+        if images:
+            self.m_stage.observe(encode_ms / 1000.0, {"stage": "encode"})
+            for e in encoded:
+                self.m_cache.inc(labels={"result": "hit" if e.cached else "miss"})
+        prompt = await self.thread.run(self._build_prompt, self.bundle, req.messages,
+                                       [e.grid_thw for e in encoded])
+        result = await self.thread.run(self.engine.prefill, prompt, encoded, self.sampling(req))
+        prefill_ms = watch.lap()
+        self.m_stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
+        timings = {"fetch_ms": fetch_s * 1000.0, "encode_ms": encode_ms, "prefill_ms": prefill_ms,
+                   "embedding_bytes": float(emb_bytes), "prefill_done_ms": (time.perf_counter() - t_arrival) * 1000}
+        return result, timings
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.handoffs.add(task)
+        task.add_done_callback(self.handoffs.discard)
+
+    async def _handoff(self, room: str, result: Any, timings: dict[str, float]) -> None:
+        """Wait (bounded) for the decode's route, then send it the KV; the KV is freed either way."""
+        held = int(result.prompt_len)
+        self.pending_kv_tokens += held
+        self.kv_held += 1
+        try:
+            try:
+                reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
+            except asyncio.TimeoutError:
+                self.m_handoff.inc(labels={"outcome": "no_decode"})
+                log.error("room %s: no decode asked for this KV within %g s (--kv-timeout); KV freed. Is the "
+                          "decode reaching bootstrap port %d?", room, self.args.kv_timeout, self.args.bootstrap_port)
+                return
+            meta, tensors = self._wire.kv_to_tensors(result)
+            del result
+            meta["timings"] = timings
+            meta["sent_at"] = time.time()
+            watch = Stopwatch()
+            try:
+                await self.transport.send(reply_to, room, meta, tensors)
+            except Exception as exc:
+                self.m_handoff.inc(labels={"outcome": "failed"})
+                log.error("room %s: sending the KV to %s failed: %s; KV freed", room, reply_to, exc)
+                return
+            self.m_stage.observe(watch.ms() / 1000.0, {"stage": "kv_send"})
+            self.m_handoff.inc(labels={"outcome": "sent"})
+        finally:
+            self.pending_kv_tokens -= held
+            self.kv_held -= 1
+
+    def _fail_partner(self, room: Any, err: ApiError) -> None:
+        """Tell the decode of this room that no KV is coming, so it answers the same error now."""
+        if room is None or isinstance(room, bool) or not isinstance(room, (int, str)):
+            return
+        self._spawn(self._send_error(str(room), err))
+
+    async def _send_error(self, room: str, err: ApiError) -> None:
+        try:
+            reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
+            meta = {"kind": "error", "status": err.status, "message": err.message, "code": err.code,
+                    "type": err.type}
+            await self.transport.send(reply_to, room, meta, {})
+        except asyncio.TimeoutError:
+            pass  # no decode for this room (a direct call, or the router never sent it)
+        except Exception as exc:
+            log.warning("room %s: could not tell the decode about the failure: %s", room, exc)
+
+    async def on_ready(self) -> None:
+        self.session = aiohttp.ClientSession()
+        self.encoders = EncoderClient(self.registry, self.session, self.transport, self._wire,
+                                      timeout=self.args.encoder_timeout)
+        self.registry.start(self.session)
+        self.bootstrap.start()
+        if not self.registry.encoders:
+            log.info("no --encoder-urls: waiting for encoders to register on port %d",
+                     self.args.encoder_bootstrap_port)
+
+    async def on_stop(self) -> None:
+        await self.registry.stop()
+        await self.bootstrap.stop()
+        for task in list(self.handoffs):
+            task.cancel()
+        await asyncio.gather(*self.handoffs, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+        await self.transport.close()
+        self.thread.shutdown()
+
+
+async def run_prefill(args: Any) -> None:
+    from epdctl.runtime.model import load_bundle
+    from epdctl.runtime.prefill_engine import LanguagePrefill
+    from epdctl.runtime.servers.common import serve
+    from epdctl.runtime.transports import open_transport
+
+    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="prefill")
+    engine = LanguagePrefill(bundle)
+    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    await transport.start()
+    info = WorkerInfo(role="prefill", served_name=args.served_model_name or bundle.served_name,
+                      model_path=args.model_path, transport=args.transport,
+                      max_running_requests=args.max_running_requests,
+                      max_images_per_request=args.max_images_per_request,
+                      context_length=int(bundle.config.text_config.max_position_embeddings),
+                      bootstrap_port=args.bootstrap_port, encoder_bootstrap_port=args.encoder_bootstrap_port)
+    server = PrefillServer(args, bundle, engine, transport, info)
+    apps = [(server.app(), args.host, args.port),
+            (server.bootstrap.app(), args.host, args.bootstrap_port),
+            (server.encoder_bootstrap_app(), args.host, args.encoder_bootstrap_port)]
+    await serve(apps, server.on_ready, server.on_stop)

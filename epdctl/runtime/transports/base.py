@@ -1,0 +1,164 @@
+"""Shared machinery: a ZMQ ROUTER endpoint that receives messages, acknowledges them and hands
+verified payloads to whoever ``recv()``s their key, plus the sender's request/ack round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Sequence
+
+import torch
+import zmq
+import zmq.asyncio
+
+from ..errors import TransferError
+from ..wire import Frame
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 30.0
+UNCLAIMED_TTL = 300.0      # arrived data nobody asked for is dropped after this long
+_OFFLOAD_BYTES = 1 << 20   # verify larger payloads in a thread so the event loop keeps serving
+
+
+def advertised_host(host: str) -> str:
+    """The address peers should dial: a wildcard bind (0.0.0.0, ::, *) advertises this host's IP."""
+    if host not in ("0.0.0.0", "::", "*", ""):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class Endpoint:
+    """Receiving side: ``_handle(frames)`` (subclass) turns a message into (reply, key, result)."""
+
+    def __init__(self, bind: str, timeout: float):
+        self.bind = bind
+        self.timeout = timeout
+        self.ctx = zmq.asyncio.Context()
+        self.router: zmq.asyncio.Socket | None = None
+        self.endpoint = ""
+        self._task: asyncio.Task | None = None
+        self._arrived: dict[str, tuple[float, object]] = {}
+        self._waiters: dict[str, asyncio.Future] = {}
+        self.stats = {"bytes_sent": 0, "bytes_received": 0, "transfers_sent": 0, "transfers_received": 0,
+                      "failures": 0}
+
+    async def _bind(self) -> None:
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        if self.bind.startswith("tcp://") and self.bind.count(":") == 1:
+            port = self.router.bind_to_random_port(self.bind)
+            self.endpoint = f"{self.bind}:{port}"
+        else:
+            self.router.bind(self.bind)
+            self.endpoint = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        if self.endpoint.startswith("tcp://"):
+            host, _, port = self.endpoint[6:].rpartition(":")
+            self.endpoint = f"tcp://{advertised_host(host.strip('[]'))}:{port}"
+        self._task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        assert self.router is not None
+        while True:
+            try:
+                msg = await self.router.recv_multipart(copy=False)
+            except (asyncio.CancelledError, zmq.ContextTerminated):
+                return
+            ident, frames = msg[0], [f.buffer for f in msg[1:]]
+            try:
+                reply = await self._handle(frames)
+            except Exception as exc:  # never let one bad message stop the endpoint
+                log.exception("transport endpoint: message failed")
+                reply = [b"ERR", f"receiver failed: {exc}".encode()]
+            await self.router.send_multipart([ident, *reply])
+
+    async def _handle(self, frames: list[memoryview]) -> list[bytes]:
+        raise NotImplementedError
+
+    def _deliver(self, key: str, result: object) -> None:
+        """Hand a verified payload (or the TransferError it raised) to the waiter for ``key``."""
+        if isinstance(result, Exception):
+            self.stats["failures"] += 1
+        else:
+            self.stats["transfers_received"] += 1
+        waiter = self._waiters.pop(key, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+            return
+        now = time.monotonic()
+        for k in [k for k, (t, _) in self._arrived.items() if now - t > UNCLAIMED_TTL]:
+            del self._arrived[k]
+        self._arrived[key] = (now, result)
+
+    async def recv(self, key: str, timeout: float) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Wait for the payload sent under ``key``; TransferError if it arrived damaged."""
+        if key in self._arrived:
+            result = self._arrived.pop(key)[1]
+        else:
+            fut = self._waiters.get(key) or asyncio.get_running_loop().create_future()
+            self._waiters[key] = fut
+            try:
+                result = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            finally:
+                if self._waiters.get(key) is fut and not fut.done():
+                    self._waiters.pop(key, None)
+        if isinstance(result, Exception):
+            raise result
+        return result  # type: ignore[return-value]
+
+    def discard(self, key: str) -> None:
+        self._arrived.pop(key, None)
+        fut = self._waiters.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+
+    async def request(self, peer_endpoint: str, frames: Sequence[Frame], what: str) -> list[bytes]:
+        """One round trip to a peer's endpoint: send ``frames``, wait (bounded) for its answer."""
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(peer_endpoint)
+            await asyncio.wait_for(sock.send_multipart(list(frames), copy=False), self.timeout)
+            if not await sock.poll(int(self.timeout * 1000), zmq.POLLIN):
+                raise TransferError(f"{what}: no answer from {peer_endpoint} within {self.timeout:g}s; "
+                                    "is the peer running and reachable?")
+            reply = [bytes(f) for f in await sock.recv_multipart()]
+        except asyncio.TimeoutError as exc:
+            raise TransferError(f"{what}: could not hand the message to {peer_endpoint} within "
+                                f"{self.timeout:g}s") from exc
+        except zmq.ZMQError as exc:
+            raise TransferError(f"{what}: {peer_endpoint}: {exc}") from exc
+        finally:
+            sock.close(linger=0)
+        if not reply or reply[0] != b"OK":
+            detail = reply[1].decode(errors="replace") if len(reply) > 1 else "no detail"
+            raise TransferError(f"{what}: peer {peer_endpoint} rejected the transfer: {detail}")
+        return reply
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        if self.router is not None:
+            self.router.close(linger=0)
+        for fut in self._waiters.values():
+            fut.cancel()
+        self._waiters.clear()
+        self._arrived.clear()
+        self.ctx.term()
+
+
+async def verify(fn, frames, nbytes: int):
+    """Run a (CPU-heavy) unpack in a thread when the payload is large."""
+    if nbytes >= _OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, frames)
+    return fn(frames)

@@ -1,0 +1,153 @@
+"""One wire format for every transport: a JSON header, then one raw buffer per tensor.
+
+The header lists each tensor's name, dtype, shape, byte size and CRC32 and the total, so a
+receiver detects a truncated or corrupted hand-off and raises ``TransferError`` instead of
+decoding garbage into a plausible-looking (and silently wrong) answer.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .encoder_engine import EncodedImage
+from .errors import TransferError
+from .prefill_engine import PrefillResult
+
+MAGIC = "epd-wire/1"
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
+    torch.int8, torch.uint8, torch.bool)}
+
+Frame = bytes | memoryview
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def pack(meta: dict, tensors: dict[str, torch.Tensor]) -> list[Frame]:
+    """Header frame (JSON bytes) followed by one buffer per tensor, in header order (zero-copy views)."""
+    table, bufs = [], []
+    for name, t in tensors.items():
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise TransferError(f"tensor {name!r}: dtype {dtype} cannot be sent")
+        raw = _raw(t)
+        table.append({"name": name, "dtype": dtype, "shape": list(t.shape), "nbytes": raw.nbytes,
+                      "crc32": zlib.crc32(raw)})
+        bufs.append(raw)
+    header = {"magic": MAGIC, "meta": meta, "tensors": table, "total": sum(b.nbytes for b in bufs)}
+    return [json.dumps(header).encode(), *bufs]
+
+
+def parse_header(frame: Frame) -> dict:
+    try:
+        header = json.loads(bytes(frame))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TransferError(f"wire header is not valid JSON ({exc}); corrupt or foreign message") from exc
+    if not isinstance(header, dict) or header.get("magic") != MAGIC:
+        raise TransferError(f"wire header lacks magic {MAGIC!r}; corrupt message or version mismatch")
+    return header
+
+
+def _check(entry: dict, mv: memoryview) -> torch.dtype:
+    if mv.nbytes != entry["nbytes"]:
+        raise TransferError(f"tensor {entry['name']!r} truncated: {mv.nbytes} of {entry['nbytes']} bytes")
+    if zlib.crc32(mv) != entry["crc32"]:
+        raise TransferError(f"tensor {entry['name']!r} corrupt: CRC32 mismatch")
+    dtype = _DTYPES.get(entry["dtype"])
+    if dtype is None:
+        raise TransferError(f"tensor {entry['name']!r}: unknown dtype {entry['dtype']!r}")
+    numel = 1
+    for d in entry["shape"]:
+        numel *= int(d)
+    if numel * torch.empty(0, dtype=dtype).element_size() != mv.nbytes:
+        raise TransferError(f"tensor {entry['name']!r}: shape {entry['shape']} does not match {mv.nbytes} bytes")
+    return dtype
+
+
+def unpack(frames: Sequence[Frame]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Validate sizes and checksums, then copy each buffer into a fresh, writable tensor."""
+    if not frames:
+        raise TransferError("empty wire message")
+    header = parse_header(frames[0])
+    table = header["tensors"]
+    if len(frames) - 1 != len(table):
+        raise TransferError(f"wire message truncated: {len(frames) - 1} buffers for {len(table)} tensors")
+    tensors: dict[str, torch.Tensor] = {}
+    for entry, buf in zip(table, frames[1:]):
+        mv = memoryview(buf).cast("B")
+        t = torch.empty(entry["shape"], dtype=_check(entry, mv))
+        if mv.nbytes:
+            np.copyto(t.reshape(-1).view(torch.uint8).numpy(), np.frombuffer(mv, dtype=np.uint8))
+        tensors[entry["name"]] = t
+    return header["meta"], tensors
+
+
+ALIGN = 64
+
+
+def layout(table: list[dict]) -> tuple[list[int], int]:
+    """Offsets of each tensor in one contiguous buffer (64-byte aligned, so dtype views work)."""
+    offsets, off = [], 0
+    for entry in table:
+        offsets.append(off)
+        off += -(-entry["nbytes"] // ALIGN) * ALIGN
+    return offsets, off
+
+
+def unpack_contiguous(header_frame: Frame, buf: torch.Tensor) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Like ``unpack`` for a message laid out by ``layout`` in a uint8 tensor this process owns:
+    validated, then returned as views into ``buf`` (no copy)."""
+    header = parse_header(header_frame)
+    table = header["tensors"]
+    offsets, total = layout(table)
+    if buf.numel() < total:
+        raise TransferError(f"wire message truncated: buffer of {buf.numel()} bytes, layout needs {total}")
+    raw = memoryview(buf.numpy())
+    tensors: dict[str, torch.Tensor] = {}
+    for entry, off in zip(table, offsets):
+        dtype = _check(entry, raw[off:off + entry["nbytes"]])
+        tensors[entry["name"]] = buf[off:off + entry["nbytes"]].view(dtype).view(entry["shape"])
+    return header["meta"], tensors
+
+
+def kv_to_tensors(result: PrefillResult) -> tuple[dict, dict[str, torch.Tensor]]:
+    meta = {"kind": "kv", "first_token": result.first_token, "rope_delta": result.rope_delta,
+            "prompt_len": result.prompt_len, "layers": len(result.kv)}
+    tensors = {"first_logits": result.first_logits}
+    for i, (k, v) in enumerate(result.kv):
+        tensors[f"k{i}"] = k
+        tensors[f"v{i}"] = v
+    return meta, tensors
+
+
+def tensors_to_prefill_result(meta: dict, tensors: dict[str, torch.Tensor]) -> PrefillResult:
+    try:
+        kv = [(tensors[f"k{i}"], tensors[f"v{i}"]) for i in range(int(meta["layers"]))]
+        return PrefillResult(first_token=int(meta["first_token"]), first_logits=tensors["first_logits"], kv=kv,
+                             rope_delta=int(meta["rope_delta"]), prompt_len=int(meta["prompt_len"]))
+    except KeyError as exc:
+        raise TransferError(f"KV message lacks {exc}; sender and receiver run different versions") from exc
+
+
+def embeds_to_tensors(images: list[EncodedImage]) -> tuple[dict, dict[str, torch.Tensor]]:
+    meta = {"kind": "embeds", "images": [{"digest": e.digest, "grid_thw": list(e.grid_thw), "cached": e.cached}
+                                         for e in images]}
+    return meta, {f"img{i}": e.embeds for i, e in enumerate(images)}
+
+
+def tensors_to_embeds(meta: dict, tensors: dict[str, torch.Tensor]) -> list[EncodedImage]:
+    try:
+        return [EncodedImage(digest=m["digest"], embeds=tensors[f"img{i}"], grid_thw=tuple(m["grid_thw"]),
+                             cached=bool(m["cached"])) for i, m in enumerate(meta["images"])]
+    except KeyError as exc:
+        raise TransferError(f"embedding message lacks {exc}; sender and receiver run different versions") from exc

@@ -1,0 +1,98 @@
+"""Topology files: YAML -> frozen records, layered defaults, validation with paths and lines.
+
+``load_topology(path)`` reads, checks everything and raises ``TopologyError`` listing every
+problem (sorted by line); on success the returned ``Topology`` is safe to render.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from epdctl.errors import Problem, TopologyError
+from epdctl.topology.checks import run_checks
+from epdctl.topology.loader import Document, load_document, parse_yaml
+from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
+from epdctl.topology.placement import read_roles
+from epdctl.topology.reader import Reader
+from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
+                                    read_router, read_settings, read_slurm, read_transfer, top_level)
+
+__all__ = ["load_topology", "topology_from_text", "Topology", "Worker", "Node", "Role", "Settings", "ROLE_ORDER"]
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file; raise TopologyError with all problems."""
+    return _build(load_document(path))
+
+
+def topology_from_text(text: str, source: str | Path | None = None) -> Topology:
+    """Same as load_topology for text already in memory (``source`` anchors relative paths)."""
+    return _build(parse_yaml(text, Path(source) if source else None))
+
+
+def _build(doc: Document) -> Topology:
+    r = Reader(doc)
+    top = top_level(r, doc)
+    if top is None:
+        raise TopologyError(r.problems)
+    name = r.get(top, "", "name", "str", required=True)
+    engine = r.get(top, "", "engine", "str", required=True, choices=ENGINES)
+    launcher = r.get(top, "", "launcher", "str", default="local", choices=LAUNCHERS)
+    python = r.get(top, "", "python", "str", default="python3")
+    model = read_model(r, top)
+    defaults: dict = {}
+    if top.get("defaults") is not None:
+        d = r.mapping(top["defaults"], "defaults", SETTING_KEYS, "defaults")
+        if d is not None:
+            defaults = read_settings(r, d, "defaults", SETTING_KEYS)
+    nodes, node_layers = read_nodes(r, top)
+    workers = read_roles(r, top, {n.name: n for n in nodes}, node_layers, defaults, engine)
+    transfer = read_transfer(r, top)
+    router = read_router(r, top)
+    slurm = read_slurm(r, top)
+    ports = read_ports(r, top)
+    if launcher == "slurm" and slurm is None and "slurm" not in top:
+        r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
+    if r.problems or model is None or name is None or engine is None:
+        raise TopologyError(_sorted(r.problems))
+    model = _resolve_model(model, doc.source)
+    topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
+                    transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
+                    lines=doc.lines)
+    problems = [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
+    if problems:
+        raise TopologyError(_sorted(_dedupe(problems)))
+    return topo
+
+
+def _resolve_model(model: Model, source: Path | None) -> Model:
+    """Resolve ``./`` and ``../`` model paths against the topology file; read the architecture."""
+    path = model.path
+    if source is not None and (path.startswith("./") or path.startswith("../") or path in (".", "..")):
+        path = str((source.resolve().parent / path).resolve())
+    arch = model.architecture
+    if arch is None:
+        try:
+            cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+            archs = cfg.get("architectures") if isinstance(cfg, dict) else None
+            if isinstance(archs, list) and archs and isinstance(archs[0], str):
+                arch = archs[0]
+        except (OSError, ValueError):
+            arch = None  # not a local checkout (e.g. a hub id): the engine will read it at start
+    return dataclasses.replace(model, path=path, architecture=arch)
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    seen, out = set(), []
+    for p in problems:
+        key = (p.path, p.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def _sorted(problems: list[Problem]) -> list[Problem]:
+    return sorted(problems, key=lambda p: (p.line if p.line is not None else 0, p.path))

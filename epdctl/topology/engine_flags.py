@@ -1,0 +1,108 @@
+"""Flag tables of the real engines (dumped from SGLang 0.5.23 / vLLM 0.33.0 parsers) and a checker.
+
+Used for user ``args:`` at validate time and by the tests on every rendered command. Matching is
+exact (``allow_abbrev=False`` semantics): ``--tp 8`` is rejected, ``--tp-size 8`` is not.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+# The embedded runtime's own command line (docs/architecture.md), role-independent union.
+_EMBEDDED = {
+    "--model-path": None, "--served-model-name": None, "--host": None, "--port": None,
+    "--transport": ["zmq", "mooncake"], "--cache-mb": None, "--max-batch-size": None, "--ib-device": None,
+    "--register-urls": "+", "--bootstrap-port": None, "--encoder-bootstrap-port": None, "--encoder-urls": "+",
+    "--max-images-per-request": None, "--max-image-bytes": None, "--allow-local-files": 0,
+    "--max-running-requests": None, "--kv-timeout": None,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    flags: tuple[str, ...]
+    dest: str
+    takes_value: bool
+    nargs: object
+    choices: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class FlagTable:
+    engine: str
+    version: str
+    options: dict[str, Option]  # every spelling -> option
+
+    def check(self, tokens: tuple[str, ...] | list[str]) -> list[str]:
+        """Problems with ``tokens`` (unknown flags, bad choices, missing values); empty if fine."""
+        problems: list[str] = []
+        i = 0
+        while i < len(tokens):
+            tok = tokens[i]
+            i += 1
+            if not tok.startswith("-") or tok in ("-", "--"):
+                problems.append(f"{tok!r} is not a flag (values must follow their flag)")
+                continue
+            name, eq, inline = tok.partition("=")
+            opt = self.options.get(name)
+            if opt is None and self.engine == "vllm" and "." in name:
+                opt = self.options.get(name.split(".", 1)[0])  # --kv-transfer-config.kv_role X
+            if opt is None:
+                near = difflib.get_close_matches(name, list(self.options), n=1, cutoff=0.7)
+                dym = f"; did you mean {near[0]}?" if near else ""
+                problems.append(f"{name} is not a {self.engine} {self.version} flag{dym}")
+                continue
+            values: list[str] = [inline] if eq else []
+            if opt.takes_value and not eq:
+                while i < len(tokens) and not (tokens[i].startswith("--") or
+                                               (tokens[i].startswith("-") and not _is_number(tokens[i]))):
+                    values.append(tokens[i])
+                    i += 1
+                    if opt.nargs in (None, 1, "?"):
+                        break
+                if not values and opt.nargs not in ("?", "*"):
+                    problems.append(f"{name} needs a value")
+            elif not opt.takes_value and eq:
+                problems.append(f"{name} takes no value")
+            if opt.choices is not None:
+                for v in values:
+                    if v not in opt.choices:
+                        problems.append(f"{name} {v!r} is not one of: {', '.join(opt.choices)}")
+        return problems
+
+    def dest(self, flag: str) -> str | None:
+        opt = self.options.get(flag)
+        return opt.dest if opt else None
+
+
+def _is_number(tok: str) -> bool:
+    try:
+        float(tok)
+        return True
+    except ValueError:
+        return False
+
+
+@lru_cache(maxsize=None)
+def flag_table(engine: str) -> FlagTable:
+    """The flag table of ``engine`` (sglang, vllm, embedded, smg)."""
+    if engine == "embedded":
+        opts = {}
+        for flag, spec in _EMBEDDED.items():
+            choices = tuple(spec) if isinstance(spec, list) else None
+            nargs = spec if isinstance(spec, (int, str)) else None
+            opts[flag] = Option((flag,), flag[2:].replace("-", "_"), nargs != 0, nargs, choices)
+        return FlagTable("embedded", "runtime", opts)
+    text = resources.files("epdctl.topology").joinpath("flags", f"{engine}.json").read_text(encoding="utf-8")
+    doc = json.loads(text)
+    options: dict[str, Option] = {}
+    for o in doc["options"]:
+        opt = Option(tuple(o["flags"]), o["dest"], bool(o["takes_value"]), o["nargs"],
+                     tuple(o["choices"]) if o["choices"] is not None else None)
+        for flag in opt.flags:
+            options[flag] = opt
+    return FlagTable(engine, doc["version"], options)

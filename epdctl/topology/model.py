@@ -1,0 +1,183 @@
+"""Frozen records for a loaded topology (what the schema reader produces, what render consumes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+
+class Role(str, Enum):
+    """A worker's job. Start order is the declaration order below."""
+
+    ENCODER = "encoder"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    COLOCATED = "colocated"
+
+
+ROLE_ORDER = (Role.ENCODER, Role.PREFILL, Role.DECODE, Role.COLOCATED)
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A network interface of a node (an RDMA device name such as mlx5_0, or eth0)."""
+
+    name: str
+    kind: str  # ib | roce | eth
+    ip: str | None = None
+    speed_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class SSH:
+    """How the ssh launcher reaches a node."""
+
+    user: str | None = None
+    port: int = 22
+    key: str | None = None
+    jump: str | None = None
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Per-worker engine settings after layering (topology defaults < role < node < worker)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int | None = None
+    attention_dp: int = 1
+    chunked_prefill_size: int | None = None
+    page_size: int | None = None
+    kv_cache_dtype: str | None = None
+    moe_a2a_backend: str | None = None
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    host: str = "127.0.0.1"
+    nics: tuple[str, ...] | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one worker occupies: tp*pp per replica times dp replicas (attention DP lives inside tp)."""
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One engine server. A multi-node worker lists several nodes (index = node rank)."""
+
+    role: Role
+    index: int
+    nodes: tuple[str, ...]
+    settings: Settings
+    path: str  # YAML path it came from, for messages
+    base_gpu_ids: tuple[int, ...] = ()  # per node rank; filled by placement
+    port: int | None = None
+    bootstrap_port: int | None = None
+    encoder_bootstrap_port: int | None = None
+    dist_init_port: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.settings.gpus // len(self.nodes)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A machine: where workers run and how to reach it."""
+
+    name: str
+    host: str
+    gpus: int = 0
+    ssh: SSH = field(default_factory=SSH)
+    nics: tuple[Nic, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()
+    port_base: int | None = None
+    shared: bool = False
+
+    def nic(self, name: str) -> Nic | None:
+        return next((n for n in self.nics if n.name == name), None)
+
+
+@dataclass(frozen=True)
+class Model:
+    path: str
+    served_name: str
+    dtype: str | None = None
+    architecture: str | None = None
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """KV (and embedding) transport. ``nics`` picks NICs by name; default: every ib/roce NIC."""
+
+    backend: str = "zmq"
+    embeddings: str | None = None
+    nics: tuple[str, ...] | None = None
+    ec_storage_path: str | None = None
+
+
+@dataclass(frozen=True)
+class Router:
+    node: str
+    host: str = "127.0.0.1"
+    port: int | None = None
+    prometheus_host: str | None = None
+    prometheus_port: int | None = None
+    api_key_env: str | None = None
+    implementation: str = "smg"
+    policy: str | None = None
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Slurm:
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    gpus_per_node: int | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Ports:
+    base: int = 30000
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    model: Model
+    engine: str
+    launcher: str
+    nodes: tuple[Node, ...]
+    workers: tuple[Worker, ...]  # start order: encoders, prefills, decodes, colocated
+    transfer: Transfer
+    router: Router | None
+    slurm: Slurm | None
+    ports: Ports
+    python: str = "python3"
+    source: Path | None = None
+    lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def node(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    def role_workers(self, role: Role) -> tuple[Worker, ...]:
+        return tuple(w for w in self.workers if w.role is role)
+
+    @property
+    def has_encoders(self) -> bool:
+        return any(w.role is Role.ENCODER for w in self.workers)

@@ -1,0 +1,167 @@
+"""Roles -> workers on nodes: spread ``count`` workers over a role's nodes, or take the explicit
+``workers`` list; give every worker its GPU slots (base GPU id per node) and check the budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epdctl.topology.loader import join
+from epdctl.topology.model import ROLE_ORDER, Node, Role, Worker
+from epdctl.topology.reader import Reader
+from epdctl.topology.schema import ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
+
+
+def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]],
+               defaults: dict[str, Any], engine: str | None) -> tuple[Worker, ...]:
+    """Every worker of every role, in start order."""
+    raw = top.get("roles")
+    if raw is None:
+        r.problem("", "missing required key 'roles' (encoder/prefill/decode, or colocated)")
+        return ()
+    roles = r.mapping(raw, "roles", [x.value for x in ROLE_ORDER], "roles")
+    if roles is None:
+        return ()
+    workers: list[Worker] = []
+    for role in ROLE_ORDER:
+        if roles.get(role.value) is None:
+            continue
+        path = f"roles.{role.value}"
+        m = r.mapping(roles[role.value], path, ROLE_KEYS, f"role {role.value}")
+        if m is not None:
+            workers.extend(_role_workers(r, role, m, path, nodes, node_layers, defaults, engine))
+    if not workers:
+        r.problem("roles", "no workers: define roles.prefill and roles.decode (plus roles.encoder for images), "
+                           "or roles.colocated")
+    _assign_gpus(r, workers, nodes, engine)
+    return tuple(workers)
+
+
+def _node_list(r: Reader, m: dict[str, Any], path: str, key: str, nodes: dict[str, Node]) -> list[str] | None:
+    names = r.get(m, path, key, "strlist") if key == "nodes" else (
+        (r.get(m, path, key, "str"),) if m.get(key) is not None else None)
+    if names is None or None in names:
+        return None
+    ok = True
+    for i, name in enumerate(names):
+        if name not in nodes:
+            where = join(join(path, key), i) if key == "nodes" else join(path, key)
+            r.problem(where, f"unknown node {name!r}; defined nodes: {', '.join(nodes) or '(none)'}")
+            ok = False
+    if key == "nodes" and len(set(names)) != len(names):
+        r.problem(join(path, key), "a node is listed twice; list each node once")
+        ok = False
+    return list(names) if ok else None
+
+
+def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: dict[str, Node],
+                  node_layers: dict[str, dict[str, Any]], defaults: dict[str, Any],
+                  engine: str | None) -> list[Worker]:
+    role_layer = read_settings(r, m, path, SETTING_KEYS)
+    role_nodes = _node_list(r, m, path, "nodes", nodes) if m.get("nodes") is not None else None
+    count = r.get(m, path, "count", "int", minimum=0)
+    explicit = m.get("workers")
+    if count is not None and explicit is not None:
+        r.problem(join(path, "count"), "give either count (spread over the role's nodes) or a workers list, not both")
+        return []
+    out: list[Worker] = []
+    if explicit is not None:
+        if not isinstance(explicit, list):
+            r.problem(join(path, "workers"), "workers must be a list of mappings (- node: n0, tp: 4)")
+            return []
+        for i, item in enumerate(explicit):
+            wpath = join(join(path, "workers"), i)
+            w = r.mapping(item, wpath, WORKER_KEYS, "a worker")
+            if w is None:
+                continue
+            worker = _explicit_worker(r, role, len(out), w, wpath, role_nodes, nodes, node_layers, defaults,
+                                      role_layer, engine)
+            if worker is not None:
+                out.append(worker)
+        return out
+    if count is None:
+        r.problem(path, f"role {role.value} needs count (with nodes) or a workers list")
+        return []
+    if not role_nodes:
+        if m.get("nodes") is None:
+            r.problem(path, f"role {role.value} has count but no nodes: list the nodes to spread it over")
+        return []
+    base = merge_settings(defaults, role_layer)
+    g = 0 if engine == "embedded" else base.gpus
+    gpus = [nodes[n].gpus for n in role_nodes]
+    if g == 0 or all(x >= g for x in gpus):
+        groups = [[role_nodes[i % len(role_nodes)]] for i in range(count)]
+    else:
+        per = gpus[0]
+        if per == 0 or any(x != per for x in gpus) or g % per:
+            r.problem(path, f"each {role.value} worker needs tp*pp*dp = {g} GPUs, more than one node has; a worker "
+                            f"spanning nodes must fill whole nodes of equal size (nodes have {sorted(set(gpus))} "
+                            f"GPUs); fix tp/pp or list workers explicitly")
+            return []
+        k = g // per
+        if count * k > len(role_nodes):
+            r.problem(join(path, "count"), f"{count} {role.value} worker(s) of {k} nodes each need {count * k} nodes, "
+                                           f"but roles.{role.value}.nodes lists {len(role_nodes)}")
+            return []
+        groups = [role_nodes[i * k:(i + 1) * k] for i in range(count)]
+    for i, group in enumerate(groups):
+        settings = merge_settings(defaults, role_layer, node_layers.get(group[0], {}))
+        out.append(Worker(role=role, index=i, nodes=tuple(group), settings=settings, path=path))
+    return out
+
+
+def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath: str, role_nodes: list[str] | None,
+                     nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]], defaults: dict[str, Any],
+                     role_layer: dict[str, Any], engine: str | None) -> Worker | None:
+    if w.get("node") is not None and w.get("nodes") is not None:
+        r.problem(wpath, "give node (one machine) or nodes (a multi-node worker), not both")
+        return None
+    if w.get("nodes") is not None:
+        names = _node_list(r, w, wpath, "nodes", nodes)
+    elif w.get("node") is not None:
+        names = _node_list(r, w, wpath, "node", nodes)
+    elif role_nodes and len(role_nodes) == 1:
+        names = list(role_nodes)
+    else:
+        r.problem(wpath, "missing required key 'node' (or 'nodes' for a worker spanning several machines)")
+        return None
+    if not names:
+        return None
+    settings = merge_settings(defaults, role_layer, node_layers.get(names[0], {}),
+                              read_settings(r, w, wpath, SETTING_KEYS))
+    ports = {k: r.get(w, wpath, k, "int", minimum=1, maximum=65535)
+             for k in ("port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port")}
+    worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports)
+    g = 0 if engine == "embedded" else settings.gpus
+    if len(names) > 1:
+        per_node = [nodes[n].gpus for n in names]
+        if g == 0 or g % len(names) or any(g // len(names) > x for x in per_node):
+            what = f"tp*pp*dp = {settings.tp}*{settings.pp}*{settings.dp} = {g} GPUs"
+            r.problem(join(wpath, "nodes"), f"{what} does not match this {len(names)}-node worker (nodes have "
+                                            f"{per_node} GPUs); tp*pp*dp must be a multiple of the node count and "
+                                            f"fit each node, e.g. tp*pp = {len(names) * max(per_node)}")
+            return None
+    elif g > nodes[names[0]].gpus:
+        r.problem(wpath, f"needs tp*pp*dp = {g} GPUs but node {names[0]!r} has {nodes[names[0]].gpus}; lower tp/pp or "
+                         f"spread the worker over several nodes with nodes: [...]")
+        return None
+    return worker
+
+
+def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engine: str | None) -> None:
+    """Give each worker consecutive GPUs on each of its nodes; report nodes whose GPUs run out."""
+    used: dict[str, list[tuple[str, int, str]]] = {}
+    for idx, w in enumerate(workers):
+        per = 0 if engine == "embedded" else w.settings.gpus // len(w.nodes)
+        bases = []
+        for n in w.nodes:
+            slots = used.setdefault(n, [])
+            bases.append(sum(x[1] for x in slots))
+            if per:
+                slots.append((w.name, per, w.path))
+        object.__setattr__(w, "base_gpu_ids", tuple(bases))
+    for name, slots in used.items():
+        total = sum(x[1] for x in slots)
+        if total > nodes[name].gpus and slots:
+            who = ", ".join(f"{n} ({g})" for n, g, _ in slots)
+            r.problem(slots[-1][2], f"node {name!r} has {nodes[name].gpus} GPUs but its workers need {total}: {who}; "
+                                    f"lower count/tp or add nodes")

@@ -1,0 +1,259 @@
+"""The topology schema: which keys exist where, their types, and layered worker settings.
+
+Layering (lowest first): top-level ``defaults`` < ``roles.<role>`` < the worker's rank-0 node
+``defaults`` < the worker's own keys. ``env`` mappings merge key by key, ``args`` concatenate,
+everything else is replaced by the higher layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epdctl.topology.loader import Document, join
+from epdctl.topology.model import SSH, Model, Nic, Node, Ports, Role, Router, Settings, Slurm, Transfer
+from epdctl.topology.reader import ENV_NAME, Reader
+
+ENGINES = ("sglang", "vllm", "embedded")
+LAUNCHERS = ("local", "ssh", "slurm")
+TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes", "roles",
+            "transfer", "router", "slurm", "ports")
+MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code")
+PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
+SETTING_KEYS = PARALLEL_KEYS + ("chunked_prefill_size", "page_size", "kv_cache_dtype", "moe_a2a_backend",
+                                "mem_fraction_static", "max_running_requests", "host", "nics", "args", "env")
+NODE_SETTING_KEYS = tuple(k for k in SETTING_KEYS if k not in PARALLEL_KEYS)
+NODE_KEYS = ("name", "host", "gpus", "ssh", "nics", "env", "setup", "port_base", "shared", "defaults")
+SSH_KEYS = ("user", "port", "key", "jump")
+NIC_KEYS = ("name", "kind", "ip", "speed_gbps")
+NIC_KINDS = ("ib", "roce", "eth")
+ROLE_KEYS = ("nodes", "count", "workers") + SETTING_KEYS
+WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port") + SETTING_KEYS
+TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path")
+TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl")
+ROUTER_KEYS = ("node", "host", "port", "prometheus_host", "prometheus_port", "api_key_env", "implementation",
+               "policy", "args")
+ROUTER_IMPLS = ("smg", "sglang-router")
+ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
+SLURM_KEYS = ("partition", "account", "time", "gpus_per_node", "qos", "constraint", "extra")
+PORTS_KEYS = ("base", "limit")
+KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
+MOE_A2A = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
+           "pplx", "ascend_tp", "flashinfer_megamoe")
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+
+def read_settings(r: Reader, m: dict[str, Any], path: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The settings present in one layer, typed; absent keys are left out."""
+    out: dict[str, Any] = {}
+    for key in ("tp", "pp", "dp", "attention_dp", "ep", "chunked_prefill_size", "page_size",
+                "max_running_requests"):
+        if key in keys and m.get(key) is not None:
+            v = r.get(m, path, key, "int", minimum=-1 if key == "chunked_prefill_size" else 1)
+            if v is not None:
+                out[key] = v
+    if "kv_cache_dtype" in keys and m.get("kv_cache_dtype") is not None:
+        out["kv_cache_dtype"] = r.get(m, path, "kv_cache_dtype", "str", choices=KV_DTYPES)
+    if "moe_a2a_backend" in keys and m.get("moe_a2a_backend") is not None:
+        out["moe_a2a_backend"] = r.get(m, path, "moe_a2a_backend", "str", choices=MOE_A2A)
+    if "mem_fraction_static" in keys and m.get("mem_fraction_static") is not None:
+        v = r.get(m, path, "mem_fraction_static", "float")
+        if v is not None and not 0 < v <= 1:
+            r.problem(join(path, "mem_fraction_static"), f"mem_fraction_static must be in (0, 1], got {v}")
+        elif v is not None:
+            out["mem_fraction_static"] = float(v)
+    if m.get("host") is not None:
+        out["host"] = r.get(m, path, "host", "str")
+    if m.get("nics") is not None:
+        out["nics"] = r.get(m, path, "nics", "strlist")
+    if "args" in m:
+        out["args"] = r.args(m, path)
+    if "env" in m:
+        out["env"] = r.env(m, path)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def merge_settings(*layers: dict[str, Any]) -> Settings:
+    """Apply layers lowest first: env merges, args concatenate, the rest is replaced."""
+    merged: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    args: list[str] = []
+    for layer in layers:
+        for key, value in layer.items():
+            if key == "env":
+                env.update(value)
+            elif key == "args":
+                args.extend(value)
+            else:
+                merged[key] = value
+    return Settings(**merged, env=env, args=tuple(args))
+
+
+def read_model(r: Reader, top: dict[str, Any]) -> Model | None:
+    m = r.mapping(top.get("model"), "model", MODEL_KEYS, "model") if "model" in top else None
+    if "model" not in top:
+        r.problem("", "missing required key 'model' (path, served_name, dtype, architecture)")
+    if m is None:
+        return None
+    path = r.get(m, "model", "path", "str", required=True)
+    served = r.get(m, "model", "served_name", "str")
+    if path is None:
+        return None
+    return Model(path=path, served_name=served or path.rstrip("/").rsplit("/", 1)[-1],
+                 dtype=r.get(m, "model", "dtype", "str", choices=DTYPES),
+                 architecture=r.get(m, "model", "architecture", "str"),
+                 trust_remote_code=r.get(m, "model", "trust_remote_code", "bool", default=False))
+
+
+def read_nodes(r: Reader, top: dict[str, Any]) -> tuple[tuple[Node, ...], dict[str, dict[str, Any]]]:
+    """Nodes plus each node's settings layer (its ``defaults``)."""
+    raw = top.get("nodes")
+    if raw is None:
+        r.problem("", "missing required key 'nodes' (a list of machines with name and host)")
+        return (), {}
+    if not isinstance(raw, list) or not raw:
+        r.problem("nodes", "nodes must be a non-empty list of mappings (- name: ..., host: ...)")
+        return (), {}
+    nodes: list[Node] = []
+    layers: dict[str, dict[str, Any]] = {}
+    seen: set[str] = set()
+    for i, item in enumerate(raw):
+        path = f"nodes[{i}]"
+        m = r.mapping(item, path, NODE_KEYS, "a node")
+        if m is None:
+            continue
+        name = r.get(m, path, "name", "str", required=True)
+        host = r.get(m, path, "host", "str", required=True)
+        if name is None or host is None:
+            continue
+        if name in seen:
+            r.problem(join(path, "name"), f"node name {name!r} is used twice; node names must be unique")
+            continue
+        seen.add(name)
+        ssh = SSH()
+        if m.get("ssh") is not None:
+            s = r.mapping(m["ssh"], join(path, "ssh"), SSH_KEYS, "ssh settings")
+            if s is not None:
+                sp = join(path, "ssh")
+                ssh = SSH(user=r.get(s, sp, "user", "str"), port=r.get(s, sp, "port", "int", default=22, minimum=1,
+                                                                       maximum=65535),
+                          key=r.get(s, sp, "key", "str"), jump=r.get(s, sp, "jump", "str"))
+        nics = _read_nics(r, m, path)
+        setup = r.get(m, path, "setup", "strlist", default=())
+        layer: dict[str, Any] = {}
+        if m.get("defaults") is not None:
+            d = r.mapping(m["defaults"], join(path, "defaults"), NODE_SETTING_KEYS, "node defaults")
+            if d is not None:
+                layer = read_settings(r, d, join(path, "defaults"), NODE_SETTING_KEYS)
+        layers[name] = layer
+        nodes.append(Node(name=name, host=host, gpus=r.get(m, path, "gpus", "int", default=0, minimum=0),
+                          ssh=ssh, nics=nics, env=r.env(m, path), setup=setup,
+                          port_base=r.get(m, path, "port_base", "int", minimum=1, maximum=65535),
+                          shared=r.get(m, path, "shared", "bool", default=False)))
+    return tuple(nodes), layers
+
+
+def _read_nics(r: Reader, m: dict[str, Any], path: str) -> tuple[Nic, ...]:
+    raw = m.get("nics")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        r.problem(join(path, "nics"), "nics must be a list of mappings (- name: mlx5_0, kind: ib)")
+        return ()
+    out: list[Nic] = []
+    for j, item in enumerate(raw):
+        npath = join(join(path, "nics"), j)
+        n = r.mapping(item, npath, NIC_KEYS, "a NIC")
+        if n is None:
+            continue
+        name = r.get(n, npath, "name", "str", required=True)
+        kind = r.get(n, npath, "kind", "str", default="eth", choices=NIC_KINDS)
+        if name is not None:
+            out.append(Nic(name=name, kind=kind, ip=r.get(n, npath, "ip", "str"),
+                           speed_gbps=r.get(n, npath, "speed_gbps", "float", minimum=0)))
+    return tuple(out)
+
+
+def read_transfer(r: Reader, top: dict[str, Any]) -> Transfer:
+    if top.get("transfer") is None:
+        return Transfer()
+    m = r.mapping(top["transfer"], "transfer", TRANSFER_KEYS, "transfer")
+    if m is None:
+        return Transfer()
+    return Transfer(backend=r.get(m, "transfer", "backend", "str", default="zmq", choices=TRANSFER_BACKENDS),
+                    embeddings=r.get(m, "transfer", "embeddings", "str", choices=("zmq", "mooncake")),
+                    nics=r.get(m, "transfer", "nics", "strlist"),
+                    ec_storage_path=r.get(m, "transfer", "ec_storage_path", "str"))
+
+
+def read_router(r: Reader, top: dict[str, Any]) -> Router | None:
+    if top.get("router") is None:
+        return None
+    m = r.mapping(top["router"], "router", ROUTER_KEYS, "router")
+    if m is None:
+        return None
+    node = r.get(m, "router", "node", "str", required=True)
+    key_env = r.get(m, "router", "api_key_env", "str")
+    if key_env is not None and not ENV_NAME.match(key_env):
+        r.problem("router.api_key_env", f"api_key_env must be the NAME of an environment variable (e.g. "
+                                        f"EPD_ROUTER_API_KEY), not the key itself; got a value that is not a name")
+        key_env = None
+    port_args = dict(minimum=1, maximum=65535)
+    return Router(node=node or "", host=r.get(m, "router", "host", "str", default="127.0.0.1"),
+                  port=r.get(m, "router", "port", "int", **port_args),
+                  prometheus_host=r.get(m, "router", "prometheus_host", "str"),
+                  prometheus_port=r.get(m, "router", "prometheus_port", "int", **port_args),
+                  api_key_env=key_env,
+                  implementation=r.get(m, "router", "implementation", "str", default="smg", choices=ROUTER_IMPLS),
+                  policy=r.get(m, "router", "policy", "str", choices=ROUTER_POLICIES),
+                  args=r.args(m, "router"))
+
+
+def read_slurm(r: Reader, top: dict[str, Any]) -> Slurm | None:
+    if top.get("slurm") is None:
+        return None
+    m = r.mapping(top["slurm"], "slurm", SLURM_KEYS, "slurm")
+    if m is None:
+        return None
+    extra: dict[str, str] = {}
+    if m.get("extra") is not None:
+        if isinstance(m["extra"], dict) and all(isinstance(v, (str, int, float)) for v in m["extra"].values()):
+            extra = {str(k): str(v) for k, v in m["extra"].items()}
+        else:
+            r.problem("slurm.extra", "slurm.extra must map sbatch option names to values (e.g. exclusive: '')")
+    time = m.get("time")
+    if isinstance(time, int) and not isinstance(time, bool):
+        # YAML 1.1 reads 04:00:00 as the base-60 integer 14400
+        r.problem("slurm.time", f"time was read as the number {time}; quote it, e.g. time: \"04:00:00\"")
+        time = None
+    else:
+        time = r.get(m, "slurm", "time", "str")
+    return Slurm(partition=r.get(m, "slurm", "partition", "str"), account=r.get(m, "slurm", "account", "str"),
+                 time=time,
+                 gpus_per_node=r.get(m, "slurm", "gpus_per_node", "int", minimum=0),
+                 qos=r.get(m, "slurm", "qos", "str"), constraint=r.get(m, "slurm", "constraint", "str"), extra=extra)
+
+
+def read_ports(r: Reader, top: dict[str, Any]) -> Ports:
+    if top.get("ports") is None:
+        return Ports()
+    m = r.mapping(top["ports"], "ports", PORTS_KEYS, "ports")
+    if m is None:
+        return Ports()
+    base = r.get(m, "ports", "base", "int", default=30000, minimum=1, maximum=65535)
+    limit = r.get(m, "ports", "limit", "int", minimum=1, maximum=65535)
+    if limit is not None and limit < base:
+        r.problem("ports.limit", f"ports.limit {limit} is below ports.base {base}")
+        limit = None
+    return Ports(base=base, limit=limit)
+
+
+def top_level(r: Reader, doc: Document) -> dict[str, Any] | None:
+    """The root mapping, checked for unknown keys."""
+    if not isinstance(doc.data, dict):
+        r.problem("", f"the topology must be a YAML mapping (name: ..., model: ..., nodes: ...), got "
+                      f"{type(doc.data).__name__}")
+        return None
+    return r.mapping(doc.data, "", TOP_KEYS, "the topology")
+
+
+__all__ = ["ENGINES", "LAUNCHERS", "Role", "read_settings", "merge_settings"]

@@ -1,0 +1,68 @@
+"""Dump the real command-line parser of SGLang or vLLM as JSON (flags, dest, nargs, choices).
+
+The dump is committed under epdctl/topology/flags/ so that `epdctl validate` and the tests can
+check rendered flags and user `args:` against the real engine where the engine is not installed.
+
+    .venv/bin/python scripts/dump_engine_flags.py sglang > epdctl/topology/flags/sglang.json
+    VLLM_TARGET_DEVICE=cpu .venv/bin/python scripts/dump_engine_flags.py vllm > epdctl/topology/flags/vllm.json
+    .venv/bin/python scripts/dump_engine_flags.py smg > epdctl/topology/flags/smg.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import sys
+
+
+def sglang_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def vllm_parser() -> argparse.ArgumentParser:
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+def smg_parser() -> argparse.ArgumentParser:
+    from smg.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    return parser
+
+
+def dump(parser: argparse.ArgumentParser) -> list[dict[str, object]]:
+    out = []
+    for action in parser._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        nargs = action.nargs
+        takes_value = not (nargs == 0 or isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction,
+                                                             argparse._StoreConstAction, argparse._CountAction,
+                                                             argparse.BooleanOptionalAction)))
+        choices = [str(c) for c in action.choices] if action.choices is not None else None
+        out.append({"flags": sorted(action.option_strings), "dest": action.dest,
+                    "nargs": nargs if nargs is None or isinstance(nargs, (int, str)) else str(nargs),
+                    "takes_value": takes_value, "choices": choices})
+    return sorted(out, key=lambda o: o["dest"])
+
+
+def main() -> None:
+    engine = sys.argv[1] if len(sys.argv) > 1 else "sglang"
+    parser = {"sglang": sglang_parser, "vllm": vllm_parser, "smg": smg_parser}[engine]()
+    doc = {"engine": engine, "version": importlib.metadata.version(engine),
+           "generated_by": "scripts/dump_engine_flags.py", "options": dump(parser)}
+    json.dump(doc, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

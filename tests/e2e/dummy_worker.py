@@ -1,0 +1,87 @@
+"""A stand-in SGLang-style worker for control-plane tests: real HTTP, canned answers.
+
+Serves what smg and epdctl probe (`/health`, `/server_info`, `/v1/models`, `/v1/loads`) and
+answers `POST /v1/chat/completions` with a fixed completion plus a `timings` object, the way
+the embedded decode worker does. Usage: python dummy_worker.py PORT ROLE [--bootstrap-port B]
+[--fail-health-file F] [--exit-at-start MSG]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ANSWER = "Picture 1: red circle\nPicture 2: blue square\nPicture 3: green triangle"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("port", type=int)
+    ap.add_argument("role")
+    ap.add_argument("--bootstrap-port", type=int)
+    ap.add_argument("--fail-health-file")
+    ap.add_argument("--exit-at-start")
+    args = ap.parse_args()
+    print(f"dummy {args.role} starting on {args.port}", flush=True)
+    if args.exit_at_start:
+        sys.exit(f"error: {args.exit_at_start}")
+    if args.bootstrap_port:  # smg TCP-probes the prefill's bootstrap port
+        boot = socket.socket()
+        boot.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        boot.bind(("127.0.0.1", args.bootstrap_port))
+        boot.listen(16)
+        threading.Thread(target=lambda: [boot.accept()[0].close() for _ in iter(int, 1)],
+                         daemon=True).start()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def _send(self, code: int, doc: object) -> None:
+            body = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                bad = args.fail_health_file and Path(args.fail_health_file).exists()
+                return self._send(503 if bad else 200, {})
+            if self.path == "/server_info":
+                return self._send(200, {"model_path": "dummy", "served_model_name": "dummy",
+                                        "disaggregation_mode": args.role})
+            if self.path == "/v1/models":
+                return self._send(200, {"object": "list",
+                                        "data": [{"id": "dummy", "object": "model"}]})
+            if self.path.startswith("/v1/loads"):
+                return self._send(200, {"timestamp": "", "dp_rank_count": 1, "loads": [
+                    {"dp_rank": 0, "num_running_reqs": 1, "num_waiting_reqs": 2,
+                     "token_usage": 0.25}]})
+            self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            req = json.loads(self.rfile.read(n) or b"{}")
+            print(f"POST {self.path} room={req.get('bootstrap_room')}", flush=True)
+            self._send(200, {
+                "id": "chatcmpl-dummy", "object": "chat.completion", "model": "dummy",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": ANSWER}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+                "timings": {"encode_ms": 1.0, "prefill_ms": 2.0, "decode_ms": 3.0},
+            })
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    print(f"dummy {args.role} ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

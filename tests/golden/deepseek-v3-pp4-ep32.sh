@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# epdctl plan for topology deepseek-v3-pp4-ep32 (engine sglang), rendered by `epdctl render`.
+# Each command is a long-running server: run each in its own shell (or let `epdctl up` do it),
+# in the order below. ${NAME} references are read from your environment; no secret is written here.
+
+# ===== node pf0 =====
+
+# prefill-0: prefill, node rank 0 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.10:30000
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.10 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 8 \
+    --pp-size 4 \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.10:30002 \
+    --nnodes 4 \
+    --node-rank 0 \
+    --disaggregation-mode prefill \
+    --disaggregation-bootstrap-port 30001 \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --chunked-prefill-size 12288 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --mem-fraction-static 0.8 \
+    --enable-metrics
+
+# ===== node pf1 =====
+
+# prefill-0.r1: prefill, node rank 1 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.11:30000 (not registered with the router)
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.11 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 8 \
+    --pp-size 4 \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.10:30002 \
+    --nnodes 4 \
+    --node-rank 1 \
+    --disaggregation-mode prefill \
+    --disaggregation-bootstrap-port 30001 \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --chunked-prefill-size 12288 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --mem-fraction-static 0.8 \
+    --enable-metrics
+
+# ===== node pf2 =====
+
+# prefill-0.r2: prefill, node rank 2 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.12:30000 (not registered with the router)
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.12 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 8 \
+    --pp-size 4 \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.10:30002 \
+    --nnodes 4 \
+    --node-rank 2 \
+    --disaggregation-mode prefill \
+    --disaggregation-bootstrap-port 30001 \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --chunked-prefill-size 12288 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --mem-fraction-static 0.8 \
+    --enable-metrics
+
+# ===== node pf3 =====
+
+# prefill-0.r3: prefill, node rank 3 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.13:30000 (not registered with the router)
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.13 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 8 \
+    --pp-size 4 \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.10:30002 \
+    --nnodes 4 \
+    --node-rank 3 \
+    --disaggregation-mode prefill \
+    --disaggregation-bootstrap-port 30001 \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --chunked-prefill-size 12288 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --mem-fraction-static 0.8 \
+    --enable-metrics
+
+# ===== node dc0 =====
+
+# decode-0: decode, node rank 0 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.20:30000
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.20 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 32 \
+    --attn-dp-size 32 \
+    --moe-a2a-backend deepep \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.20:30001 \
+    --nnodes 4 \
+    --node-rank 0 \
+    --disaggregation-mode decode \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --max-running-requests 2048 \
+    --enable-metrics \
+    --deepep-mode low_latency \
+    --enable-eplb \
+    --ep-num-redundant-experts 32
+
+# ===== node dc1 =====
+
+# decode-0.r1: decode, node rank 1 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.21:30000 (not registered with the router)
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.21 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 32 \
+    --attn-dp-size 32 \
+    --moe-a2a-backend deepep \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.20:30001 \
+    --nnodes 4 \
+    --node-rank 1 \
+    --disaggregation-mode decode \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --max-running-requests 2048 \
+    --enable-metrics \
+    --deepep-mode low_latency \
+    --enable-eplb \
+    --ep-num-redundant-experts 32
+
+# ===== node dc2 =====
+
+# decode-0.r2: decode, node rank 2 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.22:30000 (not registered with the router)
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.22 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 32 \
+    --attn-dp-size 32 \
+    --moe-a2a-backend deepep \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.20:30001 \
+    --nnodes 4 \
+    --node-rank 2 \
+    --disaggregation-mode decode \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --max-running-requests 2048 \
+    --enable-metrics \
+    --deepep-mode low_latency \
+    --enable-eplb \
+    --ep-num-redundant-experts 32
+
+# ===== node dc3 =====
+
+# decode-0.r3: decode, node rank 3 of 4, GPUs 0,1,2,3,4,5,6,7, http://10.1.0.23:30000 (not registered with the router)
+env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
+  python3 -m sglang.launch_server \
+    --model-path /models/DeepSeek-V3-0324 \
+    --served-model-name deepseek-v3 \
+    --host 10.1.0.23 \
+    --port 30000 \
+    --trust-remote-code \
+    --tp-size 32 \
+    --attn-dp-size 32 \
+    --moe-a2a-backend deepep \
+    --base-gpu-id 0 \
+    --dist-init-addr 10.1.0.20:30001 \
+    --nnodes 4 \
+    --node-rank 3 \
+    --disaggregation-mode decode \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --page-size 64 \
+    --kv-cache-dtype fp8_e4m3 \
+    --max-running-requests 2048 \
+    --enable-metrics \
+    --deepep-mode low_latency \
+    --enable-eplb \
+    --ep-num-redundant-experts 32
+
+# ===== node pf0 =====
+
+# router: http://10.1.0.10:8000 (metrics on port 29000), API key from $EPD_ROUTER_API_KEY
+python3 -m smg.launch_router \
+    --pd-disaggregation \
+    --prefill http://10.1.0.10:30000 30001 \
+    --decode http://10.1.0.20:30000 \
+    --host 10.1.0.10 \
+    --port 8000 \
+    --prometheus-host 10.1.0.10 \
+    --prometheus-port 29000 \
+    --api-key "${EPD_ROUTER_API_KEY}"

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# epdctl plan for topology qwen2vl-epd (engine sglang), rendered by `epdctl render`.
+# Each command is a long-running server: run each in its own shell (or let `epdctl up` do it),
+# in the order below. ${NAME} references are read from your environment; no secret is written here.
+
+# ===== node e0 =====
+source /opt/sglang/venv/bin/activate
+
+# encoder-0: encoder, GPUs 0, http://10.0.0.10:30000
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30000 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 0 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-1: encoder, GPUs 1, http://10.0.0.10:30001
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30001 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 1 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-2: encoder, GPUs 2, http://10.0.0.10:30002
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30002 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 2 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-3: encoder, GPUs 3, http://10.0.0.10:30003
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30003 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 3 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-4: encoder, GPUs 4, http://10.0.0.10:30004
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30004 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 4 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-5: encoder, GPUs 5, http://10.0.0.10:30005
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30005 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 5 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-6: encoder, GPUs 6, http://10.0.0.10:30006
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30006 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 6 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# encoder-7: encoder, GPUs 7, http://10.0.0.10:30007
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.10 \
+    --port 30007 \
+    --dtype bfloat16 \
+    --tp-size 1 \
+    --base-gpu-id 7 \
+    --encoder-only \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --mem-fraction-static 0.5
+
+# ===== node p0 =====
+source /opt/sglang/venv/bin/activate
+
+# prefill-0: prefill, GPUs 0,1,2,3, http://10.0.0.11:30000
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.11 \
+    --port 30000 \
+    --dtype bfloat16 \
+    --tp-size 4 \
+    --base-gpu-id 0 \
+    --disaggregation-mode prefill \
+    --disaggregation-bootstrap-port 30001 \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --language-only \
+    --encoder-urls http://10.0.0.10:30000 http://10.0.0.10:30001 http://10.0.0.10:30002 http://10.0.0.10:30003 http://10.0.0.10:30004 http://10.0.0.10:30005 http://10.0.0.10:30006 http://10.0.0.10:30007 \
+    --encoder-bootstrap-port 30002 \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --chunked-prefill-size 8192 \
+    --page-size 64 \
+    --enable-metrics
+
+# prefill-1: prefill, GPUs 4,5,6,7, http://10.0.0.11:30003
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.11 \
+    --port 30003 \
+    --dtype bfloat16 \
+    --tp-size 4 \
+    --base-gpu-id 4 \
+    --disaggregation-mode prefill \
+    --disaggregation-bootstrap-port 30004 \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --language-only \
+    --encoder-urls http://10.0.0.10:30000 http://10.0.0.10:30001 http://10.0.0.10:30002 http://10.0.0.10:30003 http://10.0.0.10:30004 http://10.0.0.10:30005 http://10.0.0.10:30006 http://10.0.0.10:30007 \
+    --encoder-bootstrap-port 30005 \
+    --encoder-transfer-backend zmq_to_scheduler \
+    --chunked-prefill-size 8192 \
+    --page-size 64 \
+    --enable-metrics
+
+# ===== node d0 =====
+source /opt/sglang/venv/bin/activate
+
+# decode-0: decode, GPUs 0,1,2,3, http://10.0.0.12:30000
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.12 \
+    --port 30000 \
+    --dtype bfloat16 \
+    --tp-size 4 \
+    --base-gpu-id 0 \
+    --disaggregation-mode decode \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --page-size 64 \
+    --max-running-requests 128 \
+    --enable-metrics
+
+# decode-1: decode, GPUs 4,5,6,7, http://10.0.0.12:30001
+env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
+  python3 -m sglang.launch_server \
+    --model-path /models/Qwen2-VL-7B-Instruct \
+    --served-model-name qwen2-vl-7b \
+    --host 10.0.0.12 \
+    --port 30001 \
+    --dtype bfloat16 \
+    --tp-size 4 \
+    --base-gpu-id 4 \
+    --disaggregation-mode decode \
+    --disaggregation-transfer-backend mooncake \
+    --disaggregation-ib-device mlx5_0,mlx5_1 \
+    --page-size 64 \
+    --max-running-requests 128 \
+    --enable-metrics
+
+# ===== node p0 =====
+
+# router: http://10.0.0.11:8000 (metrics on port 29000), API key from $EPD_ROUTER_API_KEY
+python3 -m smg.launch_router \
+    --pd-disaggregation \
+    --prefill http://10.0.0.11:30000 30001 \
+    --prefill http://10.0.0.11:30003 30004 \
+    --decode http://10.0.0.12:30000 \
+    --decode http://10.0.0.12:30001 \
+    --host 10.0.0.11 \
+    --port 8000 \
+    --prometheus-host 10.0.0.11 \
+    --prometheus-port 29000 \
+    --policy round_robin \
+    --api-key "${EPD_ROUTER_API_KEY}"

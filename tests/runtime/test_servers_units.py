@@ -1,0 +1,105 @@
+"""In-process checks of the server building blocks whose behaviour is hard to force through HTTP:
+encoder batching (one vision pass for concurrent requests, a bad image fails only its request),
+stop-string hold-back in streams, registry placement, Prometheus text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tiny_model import make_image
+
+from epdctl.runtime.metrics import Registry, parse_text
+from epdctl.runtime.openai_api import ApiError, TextStream, parse_chat_request
+from epdctl.runtime.servers.common import ModelThread
+from epdctl.runtime.servers.encoder import EncodeBatcher
+from epdctl.runtime.servers.registry import EncoderRegistry
+
+
+def test_concurrent_encode_jobs_share_one_vision_pass(bundle):
+    from epdctl.runtime.encoder_engine import VisionEncoder
+
+    encoder = VisionEncoder(bundle, cache_mb=16)
+
+    async def go():
+        batcher = EncodeBatcher(encoder, ModelThread("t"), max_batch_images=32, wait_s=0.5)
+        batcher.start()
+        try:
+            jobs = [[make_image(40)], [make_image(41), make_image(42)], [make_image(43)]]
+            results = await asyncio.gather(*(batcher.encode(j) for j in jobs))
+            bad = await asyncio.gather(batcher.encode([make_image(44)]), batcher.encode([b"garbage"]),
+                                       return_exceptions=True)
+            return batcher.batches, results, bad
+        finally:
+            await batcher.stop()
+
+    batches, results, bad = asyncio.run(go())
+    assert [len(r) for r in results] == [1, 2, 1]
+    # one pass for the 3 jobs; the mixed batch fails while decoding (before any pass), then the good
+    # job is re-run alone (one pass) and the garbage one fails alone
+    assert encoder.stats["vision_passes"] == 2
+    assert batches == 1 + 3  # the mixed batch, then each of its two jobs on its own
+    assert len(bad[0]) == 1 and not bad[0][0].cached
+    assert "cannot decode" in str(bad[1])
+
+
+@pytest.mark.parametrize("stop", [["cd"], ["xyz", "de"], ["d"]])
+def test_text_stream_never_leaks_part_of_a_stop_string(stop):
+    pieces = ["a", "b", "c", "d", "e", "f"]
+    stream = TextStream(lambda ids: "".join(pieces[i] for i in ids), stop)
+    shown = ""
+    for i in range(len(pieces)):
+        shown += stream.push(i)
+        if stream.stopped:
+            break
+    cut = min("abcdef".find(s) for s in stop if s in "abcdef")
+    assert stream.stopped and shown == "abcdef"[:cut] == stream.text
+
+
+def test_text_stream_flushes_held_text_at_the_end():
+    stream = TextStream(lambda ids: "abc"[: len(ids)], ["cz"])
+    shown = "".join(stream.push(i) for i in range(3))
+    assert shown == "ab" and stream.finish() == "c" and not stream.stopped
+
+
+def test_registry_affinity_and_load_fallback():
+    reg = EncoderRegistry(["http://e0:1", "http://e1:1", "http://e2:1"], probe_interval=0)
+    owners = {d: reg.pick(d).url for d in (f"digest{i}" for i in range(30))}
+    assert len(set(owners.values())) == 3  # spread over every encoder
+    assert all(reg.pick(d).url == u for d, u in owners.items())  # and stable per image
+    busy = owners["digest0"]
+    reg.encoders[busy].inflight = 10
+    assert reg.pick("digest0").url != busy  # an overloaded owner loses the image to the least loaded
+    for url in list(reg.encoders):
+        for _ in range(3):
+            reg.mark_failed(url)
+    with pytest.raises(ApiError) as err:
+        reg.pick("digest0")
+    assert err.value.status == 503
+
+
+def test_prometheus_text():
+    reg = Registry("t")
+    reg.counter("req_total", "requests").inc(2, {"status": "200"})
+    h = reg.histogram("lat_seconds", "latency", buckets=(0.1, 1.0))
+    h.observe(0.5)
+    reg.gauge("depth", "queue", lambda: 3)
+    text = reg.render()
+    values = parse_text(text)
+    assert "# TYPE t_lat_seconds histogram" in text
+    assert values['t_req_total{status="200"}'] == 2
+    assert values['t_lat_seconds_bucket{le="0.1"}'] == 0 and values['t_lat_seconds_bucket{le="1"}'] == 1
+    assert values['t_lat_seconds_bucket{le="+Inf"}'] == 1 and values["t_depth"] == 3
+
+
+def test_parse_replaces_image_parts_and_keeps_order():
+    body = {"model": "m", "stream": True, "max_tokens": 5, "stop": "x", "bootstrap_room": 7,
+            "bootstrap_host": "h", "bootstrap_port": 9, "logprobs": False,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                      {"type": "image_url", "image_url": {"url": "data:1"}},
+                                                      {"type": "image_url", "image_url": "data:2"}]}]}
+    req = parse_chat_request(body, "m", max_images=2, require_room=True)
+    assert req.image_refs == ["data:1", "data:2"] and req.stop == ["x"] and req.bootstrap_room == 7
+    assert req.messages[0]["content"] == [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "image"}]

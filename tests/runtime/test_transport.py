@@ -1,0 +1,168 @@
+"""Wire format and transports over real sockets (ZMQ tcp/ipc, Mooncake TCP) in one process.
+
+Cross-process hand-offs (and damaged payloads sent to another process) are covered in
+test_split_pipeline.py; here: round trips of every dtype, damage detection, timeouts, discard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from epdctl.runtime.errors import TransferError
+from epdctl.runtime.sampling import SamplingParams
+from epdctl.runtime.transports import open_transport
+from epdctl.runtime.wire import (embeds_to_tensors, kv_to_tensors, pack, tensors_to_embeds,
+                                 tensors_to_prefill_result, unpack)
+from epdctl.runtime.encoder_engine import EncodedImage
+from epdctl.runtime.prefill_engine import PrefillResult
+
+KINDS = ["zmq", "zmq-ipc", "mooncake"]
+PORTS = {"zmq": (33200, 33201), "zmq-ipc": (0, 0), "mooncake": (33210, 33211)}
+UNREACHABLE = {"zmq": "zmq+tcp://127.0.0.1:33299", "zmq-ipc": "zmq+ipc:///tmp/epd-nobody-listens.sock",
+               "mooncake": "mooncake://127.0.0.1:33298"}
+
+
+def sample_tensors() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"f32": torch.randn(33, 17, generator=g), "bf16": torch.randn(5, 8, generator=g).bfloat16(),
+            "f16": torch.randn(9, generator=g).half(), "i64": torch.arange(-5, 6), "u8": torch.arange(200).byte(),
+            "empty": torch.empty(0, 4), "scalar": torch.tensor(3.5),
+            "noncontig": torch.randn(6, 4, generator=g).t()}
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]), k
+
+
+def with_pair(kind: str, fn, timeout: float = 5.0):
+    async def go():
+        pa, pb = PORTS[kind]
+        a = open_transport(kind, "127.0.0.1", port=pa, timeout=timeout)
+        b = open_transport(kind, "127.0.0.1", port=pb, timeout=timeout)
+        await a.start()
+        await b.start()
+        try:
+            return await fn(a, b)
+        finally:
+            await a.close()
+            await b.close()
+    return asyncio.run(go())
+
+
+def test_wire_roundtrip_and_damage_detection():
+    tensors = sample_tensors()
+    frames = pack({"x": [1, "y"]}, tensors)
+    meta, out = unpack(frames)
+    assert meta == {"x": [1, "y"]}
+    assert_same(tensors, out)
+    flipped = bytearray(frames[1])
+    flipped[7] ^= 1
+    with pytest.raises(TransferError, match="CRC32"):
+        unpack([frames[0], bytes(flipped), *frames[2:]])
+    with pytest.raises(TransferError, match="truncated"):
+        unpack([frames[0], bytes(frames[1])[:-4], *frames[2:]])
+    with pytest.raises(TransferError, match="truncated"):
+        unpack(frames[:-1])
+    with pytest.raises(TransferError, match="JSON"):
+        unpack([frames[0][:10], *frames[1:]])
+
+
+def test_kv_and_embedding_messages_roundtrip():
+    kv = [(torch.randn(1, 2, 11, 16), torch.randn(1, 2, 11, 16)) for _ in range(3)]
+    result = PrefillResult(first_token=42, first_logits=torch.randn(100), kv=kv, rope_delta=-7, prompt_len=11)
+    back = tensors_to_prefill_result(*unpack(pack(*kv_to_tensors(result))))
+    assert (back.first_token, back.rope_delta, back.prompt_len) == (42, -7, 11)
+    assert all(torch.equal(a, b) for pair, pair2 in zip(kv, back.kv) for a, b in zip(pair, pair2))
+    imgs = [EncodedImage("d1", torch.randn(4, 8), (1, 4, 4), False), EncodedImage("d2", torch.randn(16, 8), (1, 8, 8), True)]
+    back_imgs = tensors_to_embeds(*unpack(pack(*embeds_to_tensors(imgs))))
+    assert [(e.digest, e.grid_thw, e.cached) for e in back_imgs] == [("d1", (1, 4, 4), False), ("d2", (1, 8, 8), True)]
+    assert all(torch.equal(a.embeds, b.embeds) for a, b in zip(imgs, back_imgs))
+    assert SamplingParams.from_dict(SamplingParams(seed=3, stop_token_ids=[1]).to_dict()).seed == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_roundtrip_every_dtype_and_large_payload(kind):
+    tensors = sample_tensors()
+    big = {"kv": torch.randn(3 * 2**20)}  # 12 MiB
+
+    async def fn(a, b):
+        n = await a.send(b.address, "k1", {"m": 1}, tensors)
+        meta, got = await b.recv("k1", 5)
+        assert meta == {"m": 1} and n >= sum(t.numel() * t.element_size() for t in tensors.values())
+        assert_same(tensors, got)
+        recv = asyncio.create_task(b.recv("k2", 20))  # waiting before the data arrives works too
+        await a.send(b.address, "k2", {}, big)
+        assert torch.equal((await recv)[1]["kv"], big["kv"])
+        assert a.stats["transfers_sent"] == 2 and b.stats["transfers_received"] == 2
+        assert b.stats["bytes_received"] >= 12 * 2**20 and a.stats["failures"] == 0
+
+    with_pair(kind, fn)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("damage", ["corrupt", "truncated", "missing-buffer"])
+def test_damaged_payload_raises_on_both_ends(kind, damage):
+    frames = pack({}, {"a": torch.randn(1000), "b": torch.arange(10)})
+    body = bytearray(frames[1])
+    if damage == "corrupt":
+        body[2000] ^= 0x80
+        damaged = [frames[0], bytes(body), frames[2]]
+    elif damage == "truncated":
+        damaged = [frames[0], bytes(body[:-1]), frames[2]]
+    else:
+        damaged = [frames[0], frames[1]]
+
+    async def fn(a, b):
+        with pytest.raises(TransferError):
+            await a.send_frames(b.address, "bad", damaged)
+        with pytest.raises(TransferError, match="CRC32|truncated"):
+            await b.recv("bad", 5)
+        assert a.stats["failures"] == 1 and b.stats["failures"] == 1
+        await a.send(b.address, "good", {}, {"x": torch.ones(3)})  # the endpoint keeps working
+        assert torch.equal((await b.recv("good", 5))[1]["x"], torch.ones(3))
+
+    with_pair(kind, fn)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_send_to_unreachable_peer_fails_cleanly(kind):
+    async def fn(a, b):
+        with pytest.raises(TransferError, match="no answer|could not hand"):
+            await a.send(UNREACHABLE[kind], "k", {}, {"x": torch.ones(4)})
+        assert a.stats["failures"] == 1
+
+    with_pair(kind, fn, timeout=1.0)
+
+
+@pytest.mark.parametrize("kind", ["zmq", "mooncake"])
+def test_wrong_address_scheme_is_rejected(kind):
+    other = {"zmq": "mooncake://127.0.0.1:1", "mooncake": "zmq+tcp://127.0.0.1:1"}[kind]
+
+    async def fn(a, b):
+        with pytest.raises(TransferError, match="not a"):
+            await a.send(other, "k", {}, {"x": torch.ones(1)})
+
+    with_pair(kind, fn)
+
+
+@pytest.mark.parametrize("kind", ["zmq", "mooncake"])
+def test_recv_timeout_and_discard(kind):
+    async def fn(a, b):
+        with pytest.raises(asyncio.TimeoutError):
+            await b.recv("never", 0.2)
+        await a.send(b.address, "dropme", {}, {"x": torch.ones(2)})
+        b.discard("dropme")  # the data that arrived for it is freed
+        with pytest.raises(asyncio.TimeoutError):
+            await b.recv("dropme", 0.2)
+
+    with_pair(kind, fn)
+
+
+def test_unknown_transport_kind():
+    with pytest.raises(ValueError, match="choose"):
+        open_transport("carrier-pigeon", "127.0.0.1")  # type: ignore[arg-type]

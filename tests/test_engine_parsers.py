@@ -1,0 +1,173 @@
+"""Every rendered engine command must parse with the real engine's parser (allow_abbrev=False).
+
+The real SGLang parser runs when sglang is importable (CI installs sglang==0.5.23 --no-deps plus
+its import deps); the committed flag dumps (epdctl/topology/flags/*.json, made by
+scripts/dump_engine_flags.py from the real installs) check names and choices everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from epdctl.render import build_plan
+from epdctl.topology import load_topology
+from epdctl.topology.engine_flags import flag_table
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
+BLOG_FLAGS = ["--role", "--encoder-server-url", "--disagg-prefill-port", "--encoder-tensor-parallel-size"]
+
+
+def engine_argvs(engine: str) -> list[tuple[str, list[str]]]:
+    """(worker name, engine args without the launcher prefix) for every example topology."""
+    out = []
+    for path in TOPOLOGIES:
+        topo = load_topology(path)
+        if topo.engine != engine:
+            continue
+        for w in build_plan(topo).workers:
+            skip = 3 if engine == "sglang" else 3  # python -m sglang.launch_server | vllm serve MODEL
+            out.append((f"{path.stem}/{w.name}", list(w.argv[skip:])))
+    return out
+
+
+def test_flag_dumps_come_from_the_real_parsers() -> None:
+    for engine, version, count in (("sglang", "0.5.23", 500), ("vllm", "0.33.0", 300)):
+        table = flag_table(engine)
+        assert table.version == version
+        assert len({id(o) for o in table.options.values()}) > count
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm", "embedded"])
+def test_rendered_flags_exist_in_the_engine(engine: str) -> None:
+    argvs = engine_argvs(engine)
+    assert argvs, f"no example topology uses {engine}"
+    table = flag_table(engine)
+    for name, argv in argvs:
+        if engine == "embedded":
+            argv = argv[1:]  # python -m epdctl.runtime ROLE
+        assert table.check(argv) == [], name
+        assert not any(tok.split("=")[0] in BLOG_FLAGS for tok in argv), name
+
+
+def test_checker_rejects_blog_style_flags() -> None:
+    table = flag_table("sglang")
+    assert "--role is not a sglang 0.5.23 flag" in table.check(["--role", "encoder"])[0]
+    assert table.check(["--encoder-server-url", "http://e:1"]) != []
+    assert table.check(["--disagg-prefill-port", "9000"]) != []
+    assert table.check(["--tp", "8"]) != []  # abbreviations are not accepted
+    assert "not one of" in table.check(["--disaggregation-mode", "encoder"])[0]
+    assert flag_table("vllm").check(["--encoder-tensor-parallel-size", "2"]) != []
+
+
+def _sglang_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def _parse_or_fail(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    try:
+        ns, extra = parser.parse_known_args(argv)
+    except (SystemExit, argparse.ArgumentError) as e:
+        raise AssertionError(f"rejected: {e}") from None
+    if extra:
+        raise AssertionError(f"unrecognized arguments: {extra}")
+    return ns
+
+
+def test_real_sglang_parser_accepts_every_rendered_command() -> None:
+    pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 (--no-deps) is not installed")
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _sglang_parser()
+    seen = 0
+    for name, argv in engine_argvs("sglang"):
+        ns = _parse_or_fail(parser, argv)
+        args = ServerArgs.from_cli_args(ns)
+        assert args.model_path and args.port, name
+        if "/encoder-" in name:
+            assert args.encoder_only and args.disaggregation_mode == "null"
+        if "/prefill-" in name:
+            assert args.disaggregation_mode == "prefill"
+        if "/decode-" in name:
+            assert args.disaggregation_mode == "decode"
+        seen += 1
+    assert seen >= 10
+
+
+def test_real_sglang_parser_rejects_role_encoder() -> None:
+    pytest.importorskip("sglang.srt.server_args", reason="sglang 0.5.23 (--no-deps) is not installed")
+    parser = _sglang_parser()
+    with pytest.raises(AssertionError, match="unrecognized"):
+        _parse_or_fail(parser, ["--model-path", "/m", "--role", "encoder"])
+
+
+def test_real_vllm_parser_accepts_every_rendered_command() -> None:
+    """vLLM's parser only builds with VLLM_TARGET_DEVICE=cpu; run it in a child to keep it isolated."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        pytest.skip("vllm 0.33.0 (--no-deps) is not installed")
+    argvs = [argv for _, argv in engine_argvs("vllm")]
+    argvs.append(["/m", "--role", "encoder"])  # must be rejected: proves the check bites
+    code = (
+        "import json,sys\n"
+        "from vllm.entrypoints.common.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "out=[]\n"
+        "for argv in json.load(sys.stdin):\n"
+        "    p=make_arg_parser(FlexibleArgumentParser(allow_abbrev=False))\n"
+        "    try:\n"
+        "        ns,extra=p.parse_known_args(['serve',*argv] if False else argv)\n"
+        "        out.append({'ok':not extra,'extra':extra,'ec':str(getattr(ns,'ec_transfer_config',None)),"
+        "'kv':str(getattr(ns,'kv_transfer_config',None))})\n"
+        "    except SystemExit as e:\n"
+        "        out.append({'ok':False,'extra':['exit']})\n"
+        "print('RESULT'+json.dumps(out))\n"
+    )
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([sys.executable, "-c", code], input=json.dumps(argvs), capture_output=True, text=True,
+                          env=env, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line is not None, proc.stderr[-2000:]
+    results = json.loads(line[len("RESULT"):])
+    assert [r["ok"] for r in results[:-1]] == [True] * (len(results) - 1), results
+    assert results[-1]["ok"] is False
+    assert any("ECExampleConnector" in r["ec"] for r in results[:-1])
+    assert any("NixlConnector" in r["kv"] for r in results[:-1])
+
+
+def test_real_smg_parser_accepts_every_rendered_router() -> None:
+    pytest.importorskip("smg.launch_router", reason="smg 1.13.0 is not installed")
+    from smg.router_args import RouterArgs
+
+    seen = 0
+    for path in TOPOLOGIES:
+        plan = build_plan(load_topology(path))
+        if plan.router is None or plan.router.argv[2] != "smg.launch_router":
+            continue
+        parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+        RouterArgs.add_cli_args(parser, use_router_prefix=False)
+        ns = _parse_or_fail(parser, list(plan.router.argv[3:]))
+        ra = RouterArgs.from_cli_args(ns, use_router_prefix=False)
+        assert ra.port == plan.router.port and ra.prometheus_port == plan.router.prometheus_port
+        leaders = [w for w in plan.workers if w.is_leader]
+        if any(w.role == "prefill" for w in leaders):
+            assert ra.pd_disaggregation
+            assert ra.prefill_urls == [(w.url, w.bootstrap_port) for w in leaders if w.role == "prefill"]
+            assert ra.decode_urls == [w.url for w in leaders if w.role == "decode"]
+        else:
+            assert ra.worker_urls == [w.url for w in leaders]
+        seen += 1
+    assert seen >= 4
+    assert flag_table("smg").check(["--encoder", "http://e:1"]) != []  # the router knows no encoders

@@ -1,0 +1,148 @@
+"""Cluster state: atomic writes, lock contention between processes, corrupt files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from epdctl.errors import StateError
+from epdctl.state import (
+    ClusterDir, ClusterState, ProcessRecord, check_name, list_clusters, resolve_cluster,
+)
+
+
+def _record(name: str = "prefill-0", pid: int = 4242) -> ProcessRecord:
+    return ProcessRecord(
+        name=name, role="prefill", node="local", host="127.0.0.1", port=34001,
+        url="http://127.0.0.1:34001", pid=pid, pgid=pid, create_time=1.5, log="/tmp/x.log",
+        since=2.5, argv=["python", "-m", "epdctl.runtime", "prefill"], bootstrap_port=34002,
+    )
+
+
+def test_roundtrip_keeps_every_field(tmp_path: Path) -> None:
+    cd = ClusterDir("demo", tmp_path)
+    st = ClusterState(name="demo", topology="t.yaml", launcher="local", api_key_env="KEY",
+                      processes=[_record(), _record("router", 77)])
+    cd.save(st)
+    back = cd.load()
+    assert back == st
+    assert back is not None and back.find("router") is not None
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    cd = ClusterDir("demo", tmp_path)
+    for i in range(20):
+        cd.save(ClusterState(name="demo", topology=f"t{i}.yaml", launcher="local"))
+    assert sorted(p.name for p in cd.root.iterdir()) == ["state.json"]
+    assert json.loads(cd.state_file.read_text())["topology"] == "t19.yaml"
+
+
+def test_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
+    """A writer process rewrites a large state in a loop while this process reads it."""
+    cd = ClusterDir("demo", tmp_path)
+    cd.save(ClusterState(name="demo", topology="t.yaml", launcher="local"))
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from pathlib import Path
+        from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+        cd = ClusterDir("demo", Path({str(tmp_path)!r}))
+        recs = [ProcessRecord(name=f"w{{i}}", role="decode", node="n", host="h", port=i,
+                url="u", pid=i, pgid=i, create_time=0.0, log="l", since=0.0, argv=["x"] * 50)
+                for i in range(300)]
+        for _ in range(100):
+            cd.save(ClusterState(name="demo", topology="t.yaml", launcher="local",
+                                 processes=recs))
+    """)])
+    reads = 0
+    while writer.poll() is None:
+        st = cd.load()  # raises StateError on a torn read
+        assert st is not None and st.name == "demo"
+        reads += 1
+    assert writer.returncode == 0
+    assert reads > 0
+    assert len(cd.load().processes) == 300  # type: ignore[union-attr]
+
+
+def test_lock_contention_between_two_processes(tmp_path: Path) -> None:
+    cd = ClusterDir("demo", tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from epdctl.state import ClusterDir
+        with ClusterDir("demo", Path({str(tmp_path)!r})).lock("up"):
+            print("locked", flush=True)
+            sys.stdin.readline()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(StateError, match=rf"busy.*epdctl up, pid {holder.pid}"):
+            with cd.lock("down", timeout=0.2):
+                pass
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(timeout=30)
+    with cd.lock("down"):  # free again once the holder exits
+        assert "epdctl down" in cd.lock_file.read_text()
+
+
+def test_lock_is_exclusive_within_one_process_too(tmp_path: Path) -> None:
+    cd = ClusterDir("demo", tmp_path)
+    with cd.lock("up"):
+        with pytest.raises(StateError, match="busy"):
+            with ClusterDir("demo", tmp_path).lock("status"):
+                pass
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{not json", "Expecting"),
+    ("[1, 2]", "not an object"),
+    ('{"version": 99}', "unknown state version"),
+    ('{"version": 1, "name": "x", "topology": "t", "launcher": "l", "processes": [{"pid": 1}]}',
+     "missing"),
+])
+def test_corrupt_state_gives_a_clear_error(tmp_path: Path, content: str, why: str) -> None:
+    cd = ClusterDir("demo", tmp_path)
+    cd.root.mkdir(parents=True)
+    cd.state_file.write_text(content)
+    with pytest.raises(StateError) as e:
+        cd.load()
+    msg = str(e.value)
+    assert "corrupt" in msg and str(cd.state_file) in msg and "delete" in msg
+    assert why in msg
+
+
+def test_missing_state_is_none_and_resolve_explains(tmp_path: Path) -> None:
+    assert ClusterDir("demo", tmp_path).load() is None
+    with pytest.raises(StateError, match="no cluster is recorded"):
+        resolve_cluster(None, tmp_path)
+    with pytest.raises(StateError, match="no cluster named 'nope'"):
+        resolve_cluster("nope", tmp_path)
+
+
+def test_resolve_picks_the_only_cluster_and_refuses_ambiguity(tmp_path: Path) -> None:
+    ClusterDir("a", tmp_path).save(ClusterState(name="a", topology="t", launcher="local"))
+    assert resolve_cluster(None, tmp_path).name == "a"
+    ClusterDir("b", tmp_path).save(ClusterState(name="b", topology="t", launcher="local"))
+    assert list_clusters(tmp_path) == ["a", "b"]
+    with pytest.raises(StateError, match="several clusters.*a, b"):
+        resolve_cluster(None, tmp_path)
+    assert resolve_cluster("b", tmp_path).name == "b"
+
+
+@pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "x" * 65])
+def test_bad_names_are_rejected(bad: str) -> None:
+    with pytest.raises(StateError, match="invalid cluster name"):
+        check_name(bad)
+
+
+def test_state_dir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "st"))
+    cd = ClusterDir("demo")
+    assert cd.root == tmp_path / "st" / "clusters" / "demo"
+    assert cd.log("encoder-0") == cd.root / "logs" / "encoder-0.log"
