@@ -19,6 +19,7 @@ import argparse
 import concurrent.futures as cf
 import http.client
 import json
+import math
 import os
 import random
 import statistics
@@ -72,13 +73,19 @@ def make_workload(n: int, lo: int, hi: int, repeat: float, seed: int) -> list[li
 
 def stream_chat(base: str, body: dict, timeout: float = 600.0,
                 path: str = "/v1/chat/completions") -> Sample:
-    """POST with stream=true; time the first content chunk and every later one."""
+    """POST with stream=true; time the first content chunk and the last one.
+
+    Tokens are the server's ``usage.completion_tokens`` (asked for with stream_options) when
+    it reports them, else the number of content chunks; TPOT = (last - first) / (tokens - 1).
+    """
     u = urlparse(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
     t0 = time.perf_counter()
     stamps: list[float] = []
+    usage_tokens = None
     try:
-        conn.request("POST", path, json.dumps({**body, "stream": True}),
+        conn.request("POST", path, json.dumps({**body, "stream": True,
+                                               "stream_options": {"include_usage": True}}),
                      {"Content-Type": "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -91,6 +98,8 @@ def stream_chat(base: str, body: dict, timeout: float = 600.0,
             if data == b"[DONE]":
                 break
             chunk = json.loads(data)
+            if isinstance(chunk.get("usage"), dict):
+                usage_tokens = chunk["usage"].get("completion_tokens") or usage_tokens
             for ch in chunk.get("choices") or []:
                 if (ch.get("delta") or {}).get("content"):
                     stamps.append(time.perf_counter())
@@ -101,8 +110,9 @@ def stream_chat(base: str, body: dict, timeout: float = 600.0,
     end = time.perf_counter()
     if not stamps:
         return Sample(False, latency=end - t0, error="no content chunk")
-    tpot = (stamps[-1] - stamps[0]) / (len(stamps) - 1) if len(stamps) > 1 else None
-    return Sample(True, ttft=stamps[0] - t0, tpot=tpot, latency=end - t0, tokens=len(stamps))
+    tokens = int(usage_tokens or len(stamps))
+    tpot = (stamps[-1] - stamps[0]) / (tokens - 1) if tokens > 1 and len(stamps) > 1 else None
+    return Sample(True, ttft=stamps[0] - t0, tpot=tpot, latency=end - t0, tokens=tokens)
 
 
 def run_load(router: str, model: str, work: list[list[bytes]], rate: float,
@@ -132,7 +142,7 @@ def pct(xs: list[float], p: float) -> float | None:
     if not xs:
         return None
     xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, int(round(p / 100 * len(xs) + 0.5)) - 1))
+    k = min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))
     return round(xs[k] * 1000, 1)
 
 
@@ -158,31 +168,80 @@ def _post_json(url: str, body: dict) -> float:
     return time.perf_counter() - t0
 
 
+def _overhead_summary(via: list[float], direct: list[float]) -> dict:
+    diffs = [v - d for v, d in zip(via, direct)]
+    return {"n": len(diffs), "via_router_p50_ms": pct(via, 50), "direct_p50_ms": pct(direct, 50),
+            "router_added_p50_ms": pct(diffs, 50), "router_added_p99_ms": pct(diffs, 99)}
+
+
 def router_overhead(router: str, plan: dict, model: str, n: int, seed: int) -> dict:
-    """Interleave router and direct calls of the same small request; median difference."""
+    """The same small request through the router and straight to the workers, paired.
+
+    Straight = the colocated worker itself, or (EPD) prefill and decode called concurrently
+    with the bootstrap fields the router would add. On a busy machine the worker's own
+    variance dominates; `dummy_router_overhead` isolates the router.
+    """
     rng = random.Random(seed)
     pngs, q, _ = shapes.make_request(rng, 1, plain=True)
-    body = {"model": model, "messages": build_messages(pngs, q), "max_tokens": 4,
+    body = {"model": model, "messages": build_messages(pngs, q), "max_tokens": 1,
             "temperature": 0.0, "stream": False}
     via, direct = [], []
-    for i in range(n):
+    for _ in range(n):
         via.append(_post_json(router + "/v1/chat/completions", body))
         if plan["mode"] == "colocated":
             direct.append(_post_json(plan["colocated"] + "/v1/chat/completions", body))
         else:
-            room = rng.getrandbits(63)
             pd = {**body, "bootstrap_host": plan["bootstrap_host"],
-                  "bootstrap_port": plan["bootstrap_port"], "bootstrap_room": room}
+                  "bootstrap_port": plan["bootstrap_port"], "bootstrap_room": rng.getrandbits(63)}
             t0 = time.perf_counter()
             with cf.ThreadPoolExecutor(2) as pool:
                 futs = [pool.submit(_post_json, u + "/v1/chat/completions", pd)
                         for u in (plan["prefill"], plan["decode"])]
                 [f.result() for f in futs]
             direct.append(time.perf_counter() - t0)
-    med_v, med_d = statistics.median(via), statistics.median(direct)
-    return {"n": n, "via_router_p50_ms": round(med_v * 1000, 1),
-            "direct_p50_ms": round(med_d * 1000, 1),
-            "router_added_ms": round((med_v - med_d) * 1000, 1)}
+    return _overhead_summary(via, direct)
+
+
+def dummy_router_overhead(n: int, base: int) -> dict:
+    """smg in PD mode in front of two instant dummy workers vs calling the decode dummy.
+
+    The dummies answer in well under a millisecond, so the difference is what smg adds
+    (both legs concurrently, response relayed). Uses the same launcher code as `epdctl up`.
+    """
+    from epdctl.launchers.base import LaunchSpec
+    from epdctl.launchers.local import LocalLauncher
+    from epdctl.routerctl import RouterClient, with_local_health_flags
+
+    dummy = str(ROOT / "tests" / "e2e" / "dummy_worker.py")
+    lau = LocalLauncher()
+    logs = Path(tempfile.mkdtemp(prefix="epdctl-bench-dummy-"))
+    pre, dec, boot, rport, mport = base + 1, base + 2, base + 3, base, base + 4
+    specs = [
+        LaunchSpec("prefill-0", "prefill", "local",
+                   ("python", dummy, str(pre), "prefill", "--bootstrap-port", str(boot))),
+        LaunchSpec("decode-0", "decode", "local", ("python", dummy, str(dec), "decode")),
+        LaunchSpec("router", "router", "local", tuple(with_local_health_flags([
+            "smg", "launch", "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(rport),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport),
+            "--prefill", f"http://127.0.0.1:{pre}", str(boot),
+            "--decode", f"http://127.0.0.1:{dec}"]))),
+    ]
+    handles = []
+    try:
+        for sp in specs:
+            handles.append(lau.start(sp, logs / f"{sp.name}.log"))
+        RouterClient(f"http://127.0.0.1:{rport}").wait_ready(120)
+        body = {"model": "dummy", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hello"}]}
+        for _ in range(5):  # warm both paths' connections
+            _post_json(f"http://127.0.0.1:{rport}/v1/chat/completions", body)
+        via, direct = [], []
+        for _ in range(n):
+            via.append(_post_json(f"http://127.0.0.1:{rport}/v1/chat/completions", body))
+            direct.append(_post_json(f"http://127.0.0.1:{dec}/v1/chat/completions", body))
+        return _overhead_summary(via, direct)
+    finally:
+        lau.stop(handles, grace=15)
 
 
 def epdctl(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -263,6 +322,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=float, default=0.3, help="fraction of repeated images")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--overhead-n", type=int, default=10)
+    ap.add_argument("--dummy-n", type=int, default=200,
+                    help="requests for the router-overhead run against instant dummy workers")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--port-offset", type=int, default=0,
@@ -284,9 +345,12 @@ def main() -> None:
                      "unique_images": n_unique, "max_tokens": args.max_tokens,
                      "images_per_request": [args.min_images, args.max_images],
                      "repeat_fraction": args.repeat, "seed": args.seed},
+        "command": " ".join(sys.argv),
         "machine": {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()},
         "epd": bench_mode("epd", args.epd, work, args, env),
         "colocated": bench_mode("colocated", args.colocated, work, args, env),
+        "router_overhead_dummy_workers": dummy_router_overhead(args.dummy_n,
+                                                               34900 + args.port_offset % 50),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
@@ -301,10 +365,15 @@ def main() -> None:
     for mode in ("epd", "colocated"):
         ro = results[mode].get("router_overhead")
         if ro:
-            print(f"router overhead ({mode}): via router {ro['via_router_p50_ms']} ms, direct "
-                  f"{ro['direct_p50_ms']} ms, added {ro['router_added_ms']} ms (p50, n={ro['n']})")
+            print(f"router overhead, real workers ({mode}): via router {ro['via_router_p50_ms']} "
+                  f"ms, direct {ro['direct_p50_ms']} ms, paired difference p50 "
+                  f"{ro['router_added_p50_ms']} ms (n={ro['n']})")
         if "error" in results[mode]:
             print(f"{mode}: FAILED\n{results[mode]['error']}")
+    ro = results["router_overhead_dummy_workers"]
+    print(f"router overhead, instant dummy workers: via router {ro['via_router_p50_ms']} ms, "
+          f"direct {ro['direct_p50_ms']} ms, added p50 {ro['router_added_p50_ms']} ms, "
+          f"p99 {ro['router_added_p99_ms']} ms (n={ro['n']})")
     print(f"wrote {args.out}")
 
 

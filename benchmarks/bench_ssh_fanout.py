@@ -32,7 +32,8 @@ from sshd_nodes import SshdNodes  # noqa: E402
 
 from epdctl.fanout import fanout, raise_if_failed  # noqa: E402
 from epdctl.launchers.base import Handle, LaunchSpec  # noqa: E402
-from epdctl.launchers.ssh import NodeAccess, SSHLauncher  # noqa: E402
+from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
+from epdctl.launchers.ssh_nodes import NodeAccess  # noqa: E402
 from epdctl.sshconn import SSHOptions, SSHTarget  # noqa: E402
 
 PORT = 35024

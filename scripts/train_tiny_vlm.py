@@ -3,7 +3,13 @@
 Everything is made here, offline and deterministically: a byte-level BPE tokenizer trained
 on generated prompt/answer text (Qwen special tokens, a Qwen2-VL-style chat template that
 marks images "Picture k:"), a small ``Qwen2VLForConditionalGeneration``, and training on
-generated multi-image requests from :mod:`epdctl.shapes` (1-8 images, count curriculum).
+generated requests from :mod:`epdctl.shapes`.
+
+Recipe (why): shape is the hard feature and only emerges from clean single-image gradients,
+so the first ``--single-steps`` steps use single-image requests (batch 32); then requests of
+1..N images with N growing 3 -> 8 over ``--ramp`` steps teach the "Picture k" binding. Images
+are resized to 56x56 (4 tokens each) to keep 8-image steps cheap. Constant LR after warm-up,
+so a run stopped early by ``--time-limit`` is reproduced exactly by ``--steps N``.
 The folder is saved atomically every ``--save-every`` steps, so a run cut short still leaves a
 usable model; ``training_report.json`` records steps, wall/CPU time and held-out accuracy.
 
@@ -349,7 +355,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fraction of --steps after which LR decays (cosine to 10%%); 0 = constant, "
                         "so a run stopped early by --time-limit is reproduced by --steps N")
     p.add_argument("--ramp", type=int, default=400, help="steps to grow the image count 3 -> 8")
-    p.add_argument("--single-steps", type=int, default=0,
+    p.add_argument("--single-steps", type=int, default=700,
                    help="first steps with single-image requests only (batch doubled)")
     p.add_argument("--image-side", type=int, default=56, choices=sorted(SIDE_PIXELS),
                    help="images are resized to this square side (56: 4 tokens, 112: 16)")

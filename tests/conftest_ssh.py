@@ -10,6 +10,7 @@ Fabric's test suite is.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sshd_nodes import SshdNodes  # noqa: E402
 
-from epdctl.launchers.ssh import NodeAccess  # noqa: E402
+from epdctl.launchers.ssh_nodes import NodeAccess  # noqa: E402
 from epdctl.sshconn import SSHOptions, SSHTarget  # noqa: E402
 
 NODE_COUNT = 3
@@ -81,3 +82,17 @@ def processes_with(marker: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
+
+
+def wait_dead(pid: int, limit: float = 60.0) -> None:
+    """Until ``pid`` is gone or a zombie (a killed orphan waits for init to reap it); the
+    limit only stops a hung test."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} did not die")

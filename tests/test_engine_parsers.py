@@ -49,9 +49,10 @@ def test_flag_dumps_come_from_the_real_parsers() -> None:
 def test_rendered_flags_exist_in_the_engine(engine: str) -> None:
     argvs = engine_argvs(engine)
     assert argvs, f"no example topology uses {engine}"
-    table = flag_table(engine)
     for name, argv in argvs:
+        table = flag_table(engine)
         if engine == "embedded":
+            table = flag_table(engine, argv[0])
             argv = argv[1:]  # python -m epdctl.runtime ROLE
         assert table.check(argv) == [], name
         assert not any(tok.split("=")[0] in BLOG_FLAGS for tok in argv), name
@@ -171,3 +172,33 @@ def test_real_smg_parser_accepts_every_rendered_router() -> None:
         seen += 1
     assert seen >= 4
     assert flag_table("smg").check(["--encoder", "http://e:1"]) != []  # the router knows no encoders
+
+
+def _runtime_parser() -> argparse.ArgumentParser:
+    from epdctl.runtime.__main__ import build_parser  # the test may import the runtime; epdctl/* may not
+
+    return build_parser()
+
+
+def test_embedded_flag_table_mirrors_the_runtime_parser() -> None:
+    from epdctl.topology.engine_flags import EMBEDDED_ROLES
+
+    parser = _runtime_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert sorted(subparsers.choices) == sorted(EMBEDDED_ROLES)
+    for role, sub in subparsers.choices.items():
+        real = {s for a in sub._actions if not isinstance(a, argparse._HelpAction) for s in a.option_strings}
+        assert real == set(EMBEDDED_ROLES[role]), role
+        for a in sub._actions:
+            if a.choices is not None and a.option_strings:
+                assert list(a.choices) == EMBEDDED_ROLES[role][a.option_strings[0]], (role, a.option_strings)
+
+
+def test_real_runtime_parser_accepts_every_rendered_embedded_command() -> None:
+    argvs = engine_argvs("embedded")
+    assert len(argvs) >= 5
+    for name, argv in argvs:
+        ns = _parse_or_fail(_runtime_parser(), argv)
+        assert ns.role == argv[0] and ns.port > 0, name
+        if ns.role == "prefill":
+            assert ns.encoder_urls and ns.bootstrap_port and ns.encoder_bootstrap_port

@@ -188,6 +188,8 @@ def test_full_cycle_with_real_router(state_dir: Path) -> None:
     assert _no_process_left(final)
     again = CliRunner().invoke(cli, ["down", "hand"])
     assert again.exit_code == 0 and "nothing to stop" in again.output
+    kept = CliRunner().invoke(cli, ["logs", "decode-0", "-c", "hand"])  # logs outlive `down`
+    assert kept.exit_code == 0 and "dummy decode ready" in kept.output
 
 
 def test_worker_dying_during_up_stops_everything(state_dir: Path) -> None:

@@ -16,13 +16,12 @@ import uuid
 from dataclasses import replace
 from pathlib import Path
 
-import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest_ssh import (hermetic_ssh, node_access, processes_with, ssh_options,  # noqa: E402,F401
-                          sshd, sshd_port, target)
+                          sshd, sshd_port, target, wait_dead)
 from sshd_nodes import SshdNodes, keygen, known_hosts_line  # noqa: E402
 
 import epdctl  # noqa: E402
@@ -30,7 +29,8 @@ from epdctl.errors import LaunchError  # noqa: E402
 from epdctl.fanout import fanout, raise_if_failed  # noqa: E402
 from epdctl.launchers import get_launcher  # noqa: E402
 from epdctl.launchers.base import LaunchSpec  # noqa: E402
-from epdctl.launchers.ssh import SSHLauncher, with_overrides  # noqa: E402
+from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
+from epdctl.launchers.ssh_nodes import with_overrides  # noqa: E402
 from epdctl.sshconn import SSHConnection, SSHError, SSHOptions, SSHTarget  # noqa: E402
 
 
@@ -254,7 +254,7 @@ def test_start_poll_kill_behind_back_and_stop(sshd, ssh_options, tmp_path):
         again = SSHLauncher(cluster_dir=tmp_path / "clusters" / "t", options=ssh_options)
         assert all(s.alive for s in again.poll(handles).ok.values())
         os.killpg(started.ok["w2"].pgid, signal.SIGKILL)  # behind epdctl's back
-        psutil.Process(started.ok["w2"].pid).wait(10)
+        wait_dead(started.ok["w2"].pid)
         polled = again.poll(handles)
         assert [n for n, s in polled.ok.items() if not s.alive] == ["w2"]
         assert polled.ok["w2"].tail.splitlines()[-1] == "up"
@@ -357,4 +357,23 @@ def test_launcher_protocol_start_prepares_all_nodes_and_uses_local_mirror(
             assert lau.stop([h]).all_ok
         assert not lau.is_alive(h)
         assert h.log.read_text().splitlines()[-1] == "up"
+    assert processes_with(marker) == []
+
+
+def test_follow_streams_new_lines_of_the_remote_log(sshd, ssh_options, tmp_path):
+    marker = f"epd-h5-{uuid.uuid4().hex}"
+    script = "echo one; sleep 1; echo two; sleep 1; echo three; sleep 900"
+    with launcher(sshd, ssh_options, tmp_path) as lau:
+        h = lau.start_many([LaunchSpec("chatty", "decode", "node1",
+                                       ("sh", "-c", script, marker))]).ok["chatty"]
+        try:
+            seen = []
+            for line in lau.follow(h, lines=10, idle_timeout=60):
+                seen.append(line)
+                if line == "three":
+                    break
+            assert seen[0].startswith("=== epdctl: starting chatty on")
+            assert seen[1:] == ["one", "two", "three"]
+        finally:
+            assert lau.stop([h], grace=5).all_ok
     assert processes_with(marker) == []

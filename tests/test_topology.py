@@ -113,3 +113,36 @@ def test_architecture_is_read_from_local_config(tmp_path: Path) -> None:
     topo = topology_from_text(text, tmp_path / "t.yaml")
     assert topo.model.architecture == "LlavaForConditionalGeneration"
     assert topo.model.path == str(tmp_path / "m")
+
+
+def test_vllm_multinode_worker_is_headless_beyond_rank0() -> None:
+    from epdctl.topology.engine_flags import flag_table
+
+    text = """
+name: v
+engine: vllm
+model: {path: /m}
+transfer: {backend: nixl}
+defaults: {host: node}
+nodes:
+  - {name: a, host: 10.0.0.1, gpus: 8, nics: [{name: mlx5_0, kind: ib}]}
+  - {name: b, host: 10.0.0.2, gpus: 8, nics: [{name: mlx5_0, kind: ib}]}
+  - {name: c, host: 10.0.0.3, gpus: 8, nics: [{name: mlx5_0, kind: ib}]}
+roles:
+  prefill: {nodes: [a], count: 1, tp: 8}
+  decode:
+    workers:
+      - {nodes: [b, c], tp: 8, pp: 2}
+router: {node: a, host: node}
+"""
+    plan = build_plan(topology_from_text(text))
+    d0, d1 = [w for w in plan.workers if w.role == "decode"]
+    assert "--headless" not in d0.argv and "--headless" in d1.argv
+    for w in (d0, d1):
+        a = w.argv
+        assert a[a.index("--master-addr") + 1] == "10.0.0.2" and a[a.index("--nnodes") + 1] == "2"
+        assert flag_table("vllm").check(list(a[3:])) == []
+        assert w.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == ("10.0.0.2" if w is d0 else "10.0.0.3")
+        assert w.env["UCX_NET_DEVICES"] == "mlx5_0:1"
+    assert d0.argv[d0.argv.index("--master-port") + 1] == d1.argv[d1.argv.index("--master-port") + 1]
+    assert plan.router is not None and plan.router.argv.count("--decode") == 1

@@ -95,7 +95,7 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     name = launcher_name or getattr(topo, "launcher", None) or "local"
     if name not in launcher_names():
         raise LaunchError(f"`epdctl up` cannot use launcher {name!r}; available: "
-                          f"{', '.join(launcher_names())} (slurm topologies: `epdctl render`)")
+                          f"{', '.join(launcher_names())}")
     cdir = ClusterDir(topo.name)
     api_key_env = plan.router.api_key_env if plan.router else None
     if api_key_env and not os.environ.get(api_key_env):
@@ -115,7 +115,12 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
             t0 = time.monotonic()
-            BringUp(plan, launcher, cdir, state, timeout=timeout, on_event=Progress()).run()
+            if name == "slurm":  # one batch job for the whole cluster, followed to ready
+                from epdctl.slurm.launcher import slurm_up
+
+                slurm_up(topo, plan, cdir, state, timeout=timeout, on_event=Progress())
+            else:
+                BringUp(plan, launcher, cdir, state, timeout=timeout, on_event=Progress()).run()
     finally:
         _close(launcher)
     click.secho(f"cluster {topo.name} is up in {time.monotonic() - t0:.1f}s", fg="green")

@@ -72,16 +72,20 @@ class Progress:
     def __init__(self) -> None:
         self.tty = sys.stdout.isatty()
         self._open = False
+        self._last_detail = ""
 
     def __call__(self, e: Event) -> None:
         if e.kind == "starting":
             self._end()
-            click.echo(f"starting {e.stage} ({e.total}) ...")
+            click.echo(f"starting {e.stage} ({e.total}) ..." + (f" {e.detail}" if e.detail else ""))
         elif e.kind == "waiting" and self.tty:
             extra = f" - {e.detail}" if e.detail else ""
             click.echo(f"\r  {e.stage}: {e.ready}/{e.total} ready ({e.elapsed:.0f}s){extra}"
                        "\x1b[K", nl=False)
             self._open = True
+        elif e.kind == "waiting" and e.detail and e.detail != self._last_detail:
+            click.echo(f"  {e.stage}: {e.detail} ({e.elapsed:.0f}s)")  # e.g. a job's queue state
+            self._last_detail = e.detail
         elif e.kind == "ready":
             self._end()
             click.echo(f"  {e.stage}: {e.ready}/{e.total} ready in {e.elapsed:.1f}s")

@@ -29,5 +29,6 @@ def validate(topology: str) -> None:
         sys.exit(1)
     counts = ", ".join(f"{len(topo.role_workers(r))} {r.value}" for r in Role if topo.role_workers(r))
     router = f", router {topo.router.implementation} on {topo.router.node}" if topo.router else ""
+    procs = len(plan.workers) + (1 if plan.router else 0)
     click.echo(f"OK: {topo.name}: engine {topo.engine}, {len(topo.nodes)} node(s), {counts}{router}; "
-               f"{len(plan.workers)} process(es) planned")
+               f"{procs} process(es) planned")

@@ -13,6 +13,7 @@ from epdctl.errors import LaunchError
 _LAUNCHERS: dict[str, tuple[str, str]] = {
     "local": ("epdctl.launchers.local", "LocalLauncher"),
     "ssh": ("epdctl.launchers.ssh", "SSHLauncher"),
+    "slurm": ("epdctl.slurm.launcher", "SlurmLauncher"),
 }
 
 

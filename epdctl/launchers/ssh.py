@@ -1,121 +1,39 @@
-"""Run workers on other machines over SSH (the ``ssh`` launcher).
+"""Run workers on other machines over SSH (the ``ssh`` launcher); see docs/ssh.md.
 
-Per node, every operation is one SSH command: the topology's setup lines, then the node's
-python reading ``ssh_agent.py`` from stdin (see there for why). Nodes are handled in parallel
-(``epdctl.fanout``) and one node's failure never hides another's.
+Per node, every operation is one SSH command running the agent (``ssh_agent.py``) after the
+node's setup lines; nodes are handled in parallel (``epdctl.fanout``) and one node's failure
+never hides another's. Before the first start, every node's epdctl version must equal the
+local one: the workers need torch and the runtime on the node, which no shipped zipapp could
+carry, so a mismatch is refused with both versions rather than papered over.
 
-Why a version check and not a shipped zipapp: the workers need torch, transformers and the
-rest of the runtime on the node, which no zipapp can carry, so the node must have epdctl
-installed anyway. The launcher refuses a node whose ``epdctl.__version__`` differs from the
-local one (message names the node, its python and both versions) instead of running a
-command line the node's epdctl may not understand.
-
-Where things live: on the node, ``<run_root>/<cluster>/<node>/<worker>.{log,json}`` (the JSON
-records pid, process group, start time, log path and ports, so the node itself knows what
-epdctl started). Locally, handles carry the path of a mirror of the remote log under the
-cluster's run folder (``clusters/<name>/logs/<worker>.log``), refreshed with the remote tail
-whenever epdctl finds a worker dead, reads its log or stops it; next to it, ``ssh-nodes.json``
-holds how to reach each node (addresses, user, key *path*, jump, setup lines; no secrets) so
-that `status` and `down` from another shell need neither the topology nor its old location.
+On the node, ``<run_root>/<cluster>/<node>/<worker>.{log,json}`` records what was started
+(pid, process group, start time, log, ports). Locally, a handle's ``log`` is a mirror under
+``clusters/<name>/logs/`` refreshed with the remote tail whenever epdctl finds the worker
+dead, reads its log or stops it, so commands written for local files still show it.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import re
 import shlex
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 import epdctl
 from epdctl.errors import LaunchError
 from epdctl.fanout import fanout, raise_if_failed
-from epdctl.launchers import ssh_agent
 from epdctl.launchers.base import Handle, LaunchSpec, Results
-from epdctl.sshconn import (ConnectionPool, SSHOptions, SSHTarget, default_known_hosts,
-                            parse_destination)
+from epdctl.launchers.ssh_nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
+                                        options_from_env, ports_of, run_agent, save_nodes)
+from epdctl.sshconn import ConnectionPool, SSHOptions
 
 log = logging.getLogger(__name__)
+_options_from_env = options_from_env  # the name epdctl.preflight.targets imports
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
-NODES_FILE = "ssh-nodes.json"
 MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `epdctl logs`)
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_AGENT_SOURCE = Path(ssh_agent.__file__).read_text()
-
-
-@dataclass(frozen=True)
-class NodeAccess:
-    """How to reach one node and prepare its shell (no secrets: the key is a path)."""
-
-    node: str
-    target: SSHTarget
-    setup: tuple[str, ...] = ()
-    python: str = "python3"
-    env: Mapping[str, str] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"node": self.node, "target": asdict(self.target), "setup": list(self.setup),
-                "python": self.python, "env": dict(self.env)}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NodeAccess":
-        def target(t: dict[str, Any] | None) -> SSHTarget | None:
-            if t is None:
-                return None
-            return SSHTarget(**{**t, "jump": target(t.get("jump"))})
-
-        return cls(node=d["node"], target=target(d["target"]),  # type: ignore[arg-type]
-                   setup=tuple(d.get("setup", ())), python=d.get("python", "python3"),
-                   env=dict(d.get("env", {})))
-
-
-def nodes_from_topology(topo: Any) -> dict[str, NodeAccess]:
-    """Node name -> NodeAccess. ``ssh.jump`` may name another node or be [user@]host[:port]."""
-    by_name = {n.name: n for n in topo.nodes}
-
-    def target(n: Any, seen: tuple[str, ...]) -> SSHTarget:
-        ssh = n.ssh
-        jump = None
-        if ssh.jump:
-            if ssh.jump in by_name:
-                if ssh.jump in seen:
-                    raise LaunchError(f"[{n.name}] ssh.jump loops back to {ssh.jump}")
-                jump = target(by_name[ssh.jump], seen + (n.name,))
-            else:
-                jump = parse_destination(ssh.jump, n.name)
-        port = ssh.port if ssh.port != 22 else None  # 22 is the schema default: let ssh config decide
-        return SSHTarget(node=n.name, host=n.host, user=ssh.user, port=port, key=ssh.key, jump=jump)
-
-    python = getattr(topo, "python", "python3") or "python3"
-    return {n.name: NodeAccess(n.name, target(n, ()), tuple(n.setup), python, dict(n.env))
-            for n in topo.nodes}
-
-
-def _options_from_env(accept_new: bool | None) -> SSHOptions:
-    """Defaults, adjustable without a CLI flag: EPDCTL_KNOWN_HOSTS, EPDCTL_SSH_CONFIG (empty:
-    read none), EPDCTL_SSH_ACCEPT_NEW_HOST_KEYS=1, EPDCTL_SSH_TIMEOUT (seconds); the node run
-    folder root comes from EPDCTL_SSH_RUN_ROOT."""
-    if accept_new is None:
-        accept_new = os.environ.get("EPDCTL_SSH_ACCEPT_NEW_HOST_KEYS", "") in ("1", "true", "yes")
-    cfg = os.environ.get("EPDCTL_SSH_CONFIG", "~/.ssh/config")
-    return SSHOptions(known_hosts=default_known_hosts(), accept_new_host_keys=accept_new,
-                      connect_timeout=float(os.environ.get("EPDCTL_SSH_TIMEOUT", "10")),
-                      ssh_config=cfg or None)
-
-
-def _expand_local(env: Mapping[str, str]) -> dict[str, str]:
-    """Fill ``${VAR}`` from this machine where set; the rest is resolved on the node."""
-    return {k: _VAR.sub(lambda m: os.environ.get(m.group(1), m.group(0)), str(v))
-            for k, v in env.items()}
-
-
-def _ports(argv: Iterable[str]) -> list[int]:
-    args = list(argv)
-    return [int(v) for f, v in zip(args, args[1:]) if f.endswith("port") and v.isdigit()]
 
 
 @dataclass(frozen=True)
@@ -141,7 +59,7 @@ class SSHLauncher:
                  options: SSHOptions | None = None, accept_new_host_keys: bool | None = None,
                  run_root: str | None = None, settle: float = 0.5, parallel: bool = True,
                  api_key_env: str | None = None):
-        self.options = options or _options_from_env(accept_new_host_keys)
+        self.options = options or options_from_env(accept_new_host_keys)
         self.run_root = run_root or os.environ.get("EPDCTL_SSH_RUN_ROOT") or DEFAULT_RUN_ROOT
         self.settle = settle
         self.parallel = parallel
@@ -163,34 +81,16 @@ class SSHLauncher:
         """Attach to the cluster folder: write the node list there, or read it back."""
         self.cluster_dir = cdir
         self.cluster = self.cluster or cdir.name
-        nodes_file = cdir / NODES_FILE
-        if self.nodes:
-            (cdir / "logs").mkdir(parents=True, exist_ok=True)  # mirrors land here
-            doc = {"cluster": self.cluster, "run_root": self.run_root,
-                   "api_key_env": self.api_key_env,
-                   "nodes": [n.to_dict() for n in self.nodes.values()]}
-            tmp = nodes_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc, indent=2))
-            os.replace(tmp, nodes_file)
-            return
-        if nodes_file.is_file():
-            doc = json.loads(nodes_file.read_text())
-            self.run_root = doc.get("run_root", self.run_root)
+        if not self.nodes:
+            doc = load_nodes(cdir)
+            self.nodes = doc["nodes"]
             self.api_key_env = self.api_key_env or doc.get("api_key_env")
-            self.nodes = {d["node"]: NodeAccess.from_dict(d) for d in doc["nodes"]}
-            return
-        state = cdir / "state.json"
-        if state.is_file():
-            from epdctl.topology import load_topology  # only when the node list is missing
-
-            topo = load_topology(Path(json.loads(state.read_text())["topology"]))
-            self.nodes = nodes_from_topology(topo)
-            if topo.router is not None:
-                self.api_key_env = self.api_key_env or topo.router.api_key_env
-            self._bind(cdir)
-            return
-        raise LaunchError(f"the ssh launcher cannot tell how to reach the nodes of cluster "
-                          f"{cdir.name!r}: neither {nodes_file} nor {state} exists")
+            if "run_root" in doc:  # read back as written: nothing to save
+                self.run_root = doc["run_root"]
+                return
+        save_nodes(cdir, {"cluster": self.cluster, "run_root": self.run_root,
+                          "api_key_env": self.api_key_env,
+                          "nodes": [n.to_dict() for n in self.nodes.values()]})
 
     def _context(self, local_log: Path | None) -> None:
         if self.nodes and self.cluster:
@@ -222,28 +122,8 @@ class SSHLauncher:
     # ---- one node --------------------------------------------------------------------
 
     def _agent(self, node: str, req: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
-        """Run the agent on ``node`` after its setup lines; its JSON answer."""
         acc = self._access(node)
-        lines = ["set -e"]
-        if acc.setup:
-            lines += ["{", *acc.setup, "} </dev/null"]
-        lines.append(f"exec {shlex.quote(acc.python)} -")
-        program = f"{_AGENT_SOURCE}\n_main(json.loads({json.dumps(json.dumps(req))}))\n"
-        res = self.pool.get(acc.target).run("\n".join(lines), stdin=program, timeout=timeout)
-        for line in reversed(res.stdout.splitlines()):
-            if line.startswith(ssh_agent.MARK):
-                answer = json.loads(line[len(ssh_agent.MARK):])
-                if "error" in answer and len(answer) == 1:
-                    raise LaunchError(f"[{node}] {req['op']} failed on the node: {answer['error']}")
-                return answer
-        err = "\n".join(res.stderr.strip().splitlines()[-10:]) or "(no output)"
-        if res.rc == 127:
-            raise LaunchError(f"[{node}] {acc.python!r} or a setup command was not found on the "
-                              f"node (exit 127): {err}. Fix the topology's python or the node's "
-                              f"setup lines")
-        what = "its setup lines" if acc.setup else "the node's shell"
-        raise LaunchError(f"[{node}] {what} failed (exit {res.rc}) before epdctl could run "
-                          f"there: {err}")
+        return run_agent(self.pool.get(acc.target), acc, req, timeout)
 
     def prepare_node(self, node: str) -> dict[str, Any]:
         """Connect, run setup lines, check the node's epdctl version, create the run folder."""
@@ -270,11 +150,11 @@ class SSHLauncher:
 
     def _wire(self, spec: LaunchSpec) -> dict[str, Any]:
         acc = self._access(spec.node)
-        env = _expand_local({**acc.env, **spec.env})
+        env = expand_local({**acc.env, **spec.env})
         if spec.role == "router" and self.api_key_env and self.api_key_env in os.environ:
             env[self.api_key_env] = os.environ[self.api_key_env]  # travels on stdin only
         return {"name": spec.name, "argv": list(spec.argv), "env": env,
-                "ports": _ports(spec.argv)}
+                "ports": ports_of(spec.argv)}
 
     def _handle(self, spec: LaunchSpec, rec: dict[str, Any]) -> Handle:
         return Handle(name=spec.name, role=spec.role, node=spec.node, pid=int(rec["pid"]),
@@ -395,8 +275,10 @@ class SSHLauncher:
         self._write_mirror(handle.name, ans["text"])
         return ans["text"]
 
-    def follow(self, handle: Handle, lines: int = 0) -> Iterator[str]:
-        """New lines of the remote log as they come (``tail -F``), until the caller stops."""
+    def follow(self, handle: Handle, lines: int = 0,
+               idle_timeout: float | None = None) -> Iterator[str]:
+        """New lines of the remote log as they come (``tail -F``), until the caller stops
+        (or ``idle_timeout`` seconds pass without a line: socket.timeout)."""
         self._context(handle.log)
         acc = self._access(handle.node)
         path = self.remote_log(handle)
@@ -404,7 +286,8 @@ class SSHLauncher:
             path = "$HOME/" + shlex.quote(path[2:])
         else:
             path = shlex.quote(path)
-        out = self.pool.get(acc.target).stream(f"exec tail -n {int(lines)} -F {path}")
+        out = self.pool.get(acc.target).stream(f"exec tail -n {int(lines)} -F {path}",
+                                               idle_timeout)
         for raw in out:
             yield raw.rstrip("\n") if isinstance(raw, str) else raw.decode().rstrip("\n")
 
@@ -440,8 +323,3 @@ class SSHLauncher:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def with_overrides(access: NodeAccess, **changes: Any) -> NodeAccess:
-    """A copy of ``access`` with target fields replaced (tests, benchmarks)."""
-    return replace(access, target=replace(access.target, **changes))

@@ -87,7 +87,9 @@ class DecodeEngine:
         self._finished_logits.pop(seq_id, None)
 
     def _finished(self, seq: _Seq, token: int) -> bool:
-        stops = set(seq.params.stop_token_ids) | set(self.bundle.eos_token_ids)
+        stops = set(seq.params.stop_token_ids)
+        if not seq.params.ignore_eos:
+            stops |= set(self.bundle.eos_token_ids)
         return token in stops or seq.generated >= seq.params.max_tokens
 
     def step(self) -> list[tuple[str, int, bool]]:

@@ -11,7 +11,6 @@ import asyncio
 import base64
 import binascii
 import io
-import logging
 import os
 from dataclasses import dataclass
 
@@ -19,8 +18,6 @@ import aiohttp
 from PIL import Image, UnidentifiedImageError
 
 from epdctl.runtime.openai_api import ApiError
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_IMAGE_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_PIXELS = 40_000_000

@@ -78,7 +78,7 @@ def decode_json(raw: bytes) -> dict[str, Any]:
 
 
 def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: int,
-                       require_room: bool) -> ChatRequest:
+                       require_room: bool, context_length: int = 1 << 20) -> ChatRequest:
     """Validate an OpenAI chat request (plus the router's bootstrap fields)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -99,6 +99,7 @@ def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: in
     req.include_usage = bool(opts.get("include_usage", False))
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     req.max_tokens = DEFAULT_MAX_TOKENS if max_tokens is None else _int(max_tokens, "max_tokens", 1, 1 << 20)
+    check_context(0, req.max_tokens, context_length)
     req.temperature = _num(body.get("temperature", 0.0), "temperature", 0.0, 2.0)
     req.top_p = _num(body.get("top_p", 1.0), "top_p", 0.0, 1.0)
     if req.top_p == 0.0:
@@ -111,6 +112,14 @@ def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: in
     req.stop = _parse_stop(body.get("stop"))
     _parse_bootstrap(body, req, require_room)
     return req
+
+
+def check_context(prompt_tokens: int, max_tokens: int, context_length: int) -> None:
+    """Refuse what cannot fit, before any KV cache is sized for it."""
+    if prompt_tokens + max_tokens > context_length:
+        raise ApiError(400, f"This model's maximum context length is {context_length} tokens; the prompt has "
+                            f"{prompt_tokens} and max_tokens asks for {max_tokens} more. Reduce max_tokens "
+                            "or the prompt.", "context_length_exceeded")
 
 
 def _parse_messages(messages: Any) -> tuple[list[dict[str, Any]], list[str]]:

@@ -19,14 +19,16 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False  # benchmarks: run to max_tokens (stop_token_ids still apply)
 
     def to_dict(self) -> dict:
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "seed": self.seed, "stop_token_ids": list(self.stop_token_ids)}
+                "seed": self.seed, "stop_token_ids": list(self.stop_token_ids), "ignore_eos": self.ignore_eos}
 
     @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":
-        return cls(**{k: d[k] for k in ("max_tokens", "temperature", "top_p", "seed", "stop_token_ids") if k in d})
+        return cls(**{k: d[k] for k in ("max_tokens", "temperature", "top_p", "seed", "stop_token_ids",
+                                            "ignore_eos") if k in d})
 
 
 def token_generator(params: SamplingParams, index: int) -> torch.Generator | None:

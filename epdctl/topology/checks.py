@@ -171,9 +171,10 @@ def _reachability(topo: Topology) -> Iterator[tuple[str, str]]:
                            f"for this role (0.0.0.0 only if you mean every interface)")
 
     prefills = topo.role_workers(Role.PREFILL)
+    node_names = {n.name for n in topo.nodes}
     for w in topo.workers:
         peers: list[tuple[str, str]] = []
-        if topo.router is not None and w.role is not Role.ENCODER:
+        if topo.router is not None and w.role is not Role.ENCODER and topo.router.node in node_names:
             peers.append((topo.router.node, "the router"))
         if w.role is Role.ENCODER:
             peers += [(p.nodes[0], p.name) for p in prefills]
@@ -191,17 +192,21 @@ def _reachability(topo: Topology) -> Iterator[tuple[str, str]]:
 
 
 def _args(topo: Topology) -> Iterator[tuple[str, str]]:
-    table = flag_table(topo.engine)
     managed = MANAGED.get(topo.engine, ())
     reported: set[str] = set()
     for w in topo.workers:
         if not w.settings.args or w.path in reported:
             continue
         reported.add(w.path)
+        table = flag_table(topo.engine, w.role.value if topo.engine == "embedded" else None)
         for msg in table.check(w.settings.args):
             yield w.path + ".args", msg + " (args are passed to the engine verbatim)"
         for tok in w.settings.args:
-            if tok.split("=")[0] in managed:
+            if tok.split("=")[0] in ("--api-key", "--admin-api-key"):
+                yield w.path + ".args", (f"inline secret: {tok.split('=')[0]} in args would be written to plans "
+                                         f"and logs; worker API keys are not supported yet, protect the router "
+                                         f"with router.api_key_env instead")
+            elif tok.split("=")[0] in managed:
                 yield w.path + ".args", (f"{tok.split('=')[0]} is set by epdctl from the topology; use the topology "
                                          f"key instead of args (see docs/topology.md)")
     if topo.router is not None and topo.router.args:

@@ -12,13 +12,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-# The embedded runtime's own command line (docs/architecture.md), role-independent union.
-_EMBEDDED = {
-    "--model-path": None, "--served-model-name": None, "--host": None, "--port": None,
-    "--transport": ["zmq", "mooncake"], "--cache-mb": None, "--max-batch-size": None, "--ib-device": None,
-    "--register-urls": "+", "--bootstrap-port": None, "--encoder-bootstrap-port": None, "--encoder-urls": "+",
-    "--max-images-per-request": None, "--max-image-bytes": None, "--allow-local-files": 0,
-    "--max-running-requests": None, "--kv-timeout": None,
+# The embedded runtime's command line per role (docs/architecture.md, epdctl/runtime/__main__.py);
+# the control plane may not import the runtime, so it is mirrored here and a test keeps them equal.
+_COMMON = {"--model-path": None, "--host": None, "--port": None, "--log-level": None}
+_SERVED = {"--served-model-name": None}
+_TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None}
+_IMAGES = {"--max-images-per-request": None, "--max-image-bytes": None, "--allow-local-files": 0,
+           "--image-fetch-timeout": None}
+EMBEDDED_ROLES: dict[str, dict[str, object]] = {
+    "encoder": {**_COMMON, **_TRANSPORT, "--cache-mb": None, "--max-batch-size": None, "--batch-wait-ms": None,
+                "--register-urls": "+"},
+    "prefill": {**_COMMON, **_SERVED, **_TRANSPORT, **_IMAGES, "--bootstrap-port": None,
+                "--encoder-bootstrap-port": None, "--encoder-urls": "*", "--max-running-requests": None,
+                "--kv-timeout": None, "--encoder-timeout": None, "--encoder-probe-interval": None},
+    "decode": {**_COMMON, **_SERVED, **_TRANSPORT, "--max-running-requests": None, "--kv-timeout": None,
+               "--max-images-per-request": None},
+    "colocated": {**_COMMON, **_SERVED, **_IMAGES, "--max-running-requests": None, "--cache-mb": None},
 }
 
 
@@ -88,15 +97,15 @@ def _is_number(tok: str) -> bool:
 
 
 @lru_cache(maxsize=None)
-def flag_table(engine: str) -> FlagTable:
-    """The flag table of ``engine`` (sglang, vllm, embedded, smg)."""
+def flag_table(engine: str, role: str | None = None) -> FlagTable:
+    """The flag table of ``engine`` (sglang, vllm, smg, or embedded with its ``role``)."""
     if engine == "embedded":
         opts = {}
-        for flag, spec in _EMBEDDED.items():
+        for flag, spec in EMBEDDED_ROLES[role or "colocated"].items():
             choices = tuple(spec) if isinstance(spec, list) else None
             nargs = spec if isinstance(spec, (int, str)) else None
             opts[flag] = Option((flag,), flag[2:].replace("-", "_"), nargs != 0, nargs, choices)
-        return FlagTable("embedded", "runtime", opts)
+        return FlagTable("embedded", f"runtime {role or 'colocated'}", opts)
     text = resources.files("epdctl.topology").joinpath("flags", f"{engine}.json").read_text(encoding="utf-8")
     doc = json.loads(text)
     options: dict[str, Option] = {}

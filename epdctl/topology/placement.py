@@ -8,7 +8,7 @@ from typing import Any
 from epdctl.topology.loader import join
 from epdctl.topology.model import ROLE_ORDER, Node, Role, Worker
 from epdctl.topology.reader import Reader
-from epdctl.topology.schema import ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
+from epdctl.topology.schema import MAX_COUNT, ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
 
 
 def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]],
@@ -58,7 +58,7 @@ def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: di
                   engine: str | None) -> list[Worker]:
     role_layer = read_settings(r, m, path, SETTING_KEYS)
     role_nodes = _node_list(r, m, path, "nodes", nodes) if m.get("nodes") is not None else None
-    count = r.get(m, path, "count", "int", minimum=0)
+    count = r.get(m, path, "count", "int", minimum=0, maximum=MAX_COUNT)
     explicit = m.get("workers")
     if count is not None and explicit is not None:
         r.problem(join(path, "count"), "give either count (spread over the role's nodes) or a workers list, not both")

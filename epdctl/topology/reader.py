@@ -53,6 +53,8 @@ class Reader:
             kpath = join(path, str(key))
             if isinstance(key, str) and key.lower() in INLINE_SECRET_KEYS:
                 hint = f" set {key}_env: NAME" if f"{key}_env" in allowed else " reference it as ${NAME} in env"
+                if path.endswith("ssh"):
+                    hint = " log in with ssh.key or an ssh agent instead of a password"
                 self.problem(kpath, f"inline secret {key!r} is not allowed (it would be written to plans, logs "
                                     f"and shell history); put it in an environment variable and{hint}")
                 continue

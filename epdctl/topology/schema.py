@@ -39,6 +39,10 @@ PORTS_KEYS = ("base", "limit")
 KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
 MOE_A2A = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
            "pplx", "ascend_tp", "flashinfer_megamoe")
+MAX_PARALLEL = 1024  # GPUs in one worker: far above any real deployment, low enough to stay cheap
+MAX_GPUS_PER_NODE = 64
+MAX_COUNT = 1024
+LIMITS = {"chunked_prefill_size": 1 << 24, "page_size": 1 << 16, "max_running_requests": 1 << 20}
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
@@ -48,7 +52,8 @@ def read_settings(r: Reader, m: dict[str, Any], path: str, keys: tuple[str, ...]
     for key in ("tp", "pp", "dp", "attention_dp", "ep", "chunked_prefill_size", "page_size",
                 "max_running_requests"):
         if key in keys and m.get(key) is not None:
-            v = r.get(m, path, key, "int", minimum=-1 if key == "chunked_prefill_size" else 1)
+            v = r.get(m, path, key, "int", minimum=-1 if key == "chunked_prefill_size" else 1,
+                      maximum=LIMITS.get(key, MAX_PARALLEL))
             if v is not None:
                 out[key] = v
     if "kv_cache_dtype" in keys and m.get("kv_cache_dtype") is not None:
@@ -145,7 +150,8 @@ def read_nodes(r: Reader, top: dict[str, Any]) -> tuple[tuple[Node, ...], dict[s
             if d is not None:
                 layer = read_settings(r, d, join(path, "defaults"), NODE_SETTING_KEYS)
         layers[name] = layer
-        nodes.append(Node(name=name, host=host, gpus=r.get(m, path, "gpus", "int", default=0, minimum=0),
+        nodes.append(Node(name=name, host=host, gpus=r.get(m, path, "gpus", "int", default=0, minimum=0,
+                                                         maximum=MAX_GPUS_PER_NODE),
                           ssh=ssh, nics=nics, env=r.env(m, path), setup=setup,
                           port_base=r.get(m, path, "port_base", "int", minimum=1, maximum=65535),
                           shared=r.get(m, path, "shared", "bool", default=False)))

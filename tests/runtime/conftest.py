@@ -11,7 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from tiny_model import build_tiny_checkpoint, make_image  # noqa: E402
+# helpers live in tiny_model (a plain module); re-exported here for ``from conftest import ...``
+from tiny_model import build_tiny_checkpoint, image_messages, make_image, reference_generate  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
@@ -29,27 +30,3 @@ def bundle(tiny_ckpt):
 @pytest.fixture(scope="session")
 def images() -> list[bytes]:
     return [make_image(i) for i in range(10)]
-
-
-def image_messages(n: int, text: str = "describe the image") -> list[dict]:
-    return [{"role": "user", "content": [{"type": "image"}] * n + [{"type": "text", "text": text}]}]
-
-
-def reference_generate(bundle, images: list[bytes], messages: list[dict], max_new_tokens: int):
-    """One-process ``generate()`` of the full model: (prompt ids, new tokens, per-token logits)."""
-    import torch
-
-    from epdctl.runtime.encoder_engine import decode_image
-    from epdctl.runtime.prompt import build_prompt
-
-    feats = bundle.image_processor(images=[decode_image(i, b) for i, b in enumerate(images)], return_tensors="pt")
-    grids = [tuple(g) for g in feats["image_grid_thw"].tolist()]
-    prompt = build_prompt(bundle, messages, grids)
-    ids = torch.tensor([prompt.input_ids])
-    with torch.inference_mode():
-        out = bundle.model.generate(
-            input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=feats["pixel_values"],
-            image_grid_thw=feats["image_grid_thw"], mm_token_type_ids=(ids == bundle.image_token_id).int(),
-            max_new_tokens=max_new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
-            eos_token_id=bundle.eos_token_ids, pad_token_id=bundle.tokenizer.pad_token_id)
-    return prompt.input_ids, out.sequences[0, ids.shape[1]:].tolist(), [lg[0].float() for lg in out.logits]

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
 import aiohttp
 import pytest
@@ -21,7 +23,7 @@ from aiohttp import web
 
 from conftest import image_messages, reference_generate
 from tiny_model import make_image
-from worker_procs import ROOT, Worker, chat_body, metric, pick_model, post, start_all, with_room
+from worker_procs import ROOT, Worker, chat_body, metric, post, start_all, with_room
 
 E, P, PB, PEB, D, IMG = 33700, 33710, 33711, 33712, 33720, 33730
 MODEL = "tiny-vlm"
@@ -31,8 +33,10 @@ PNG = make_image(1)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_ckpt, tmp_path_factory):
-    return pick_model(tmp_path_factory.mktemp("model"), tiny_ckpt)
+def model_dir(tiny_ckpt):
+    """The random checkpoint, not the trained one: the disconnect test needs an answer that does not
+    end early, and a trained model answers briefly."""
+    return tiny_ckpt
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +53,12 @@ def workers(model_dir, tmp_path_factory):
                     logs),
     }
     start_all(list(ws.values()))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # the encoder joins through --register-urls
+        with urllib.request.urlopen(f"http://127.0.0.1:{P}/list_encoder_urls", timeout=5) as resp:
+            if json.loads(resp.read())["encoder_urls"]:
+                break
+        time.sleep(0.3)
     yield ws
     for w in ws.values():
         w.stop()
@@ -190,6 +200,14 @@ def test_bad_images(workers, images, code, contains):
     assert_error(d, 400, code, contains)
 
 
+@pytest.mark.parametrize("max_tokens", [5000, 4090])
+def test_context_length_exceeded(workers, max_tokens):
+    """5000 alone exceeds the 4096-token context; 4090 only together with the prompt (known after encoding)."""
+    p, d = both(roomed([data_url(PNG)], max_tokens=max_tokens))
+    assert_error(p, 400, "context_length_exceeded", "maximum context length is 4096")
+    assert_error(d, 400, "context_length_exceeded", "maximum context length is 4096")
+
+
 def test_http_images(workers, image_server):
     p, d = both(roomed([image_server + "/ok.png"], max_tokens=2))
     assert p[0] == 200 and d[0] == 200, (p, d)
@@ -292,6 +310,26 @@ def test_client_disconnect_mid_stream_aborts(workers, model_dir):
     assert generated == 0  # the sequence never finished: it was aborted, not run to max_tokens
 
 
+def test_client_gone_before_kv_arrives_drops_the_late_kv(workers):
+    name = 'epd_decode_kv_receive_total{outcome="late"}'
+
+    async def go():
+        before = metric(await _metrics(D), name)
+        body = roomed([data_url(PNG)], max_tokens=4, stream=True)
+        async with aiohttp.ClientSession() as s:
+            waiting = asyncio.create_task(s.post(f"http://127.0.0.1:{D}/v1/chat/completions", json=body))
+            await _wait_metric(D, "epd_decode_queue_depth", lambda v: v == 1)  # registered, awaiting KV
+            waiting.cancel()  # the client goes away
+            await asyncio.gather(waiting, return_exceptions=True)
+        async with aiohttp.ClientSession() as s:
+            status, _ = await post(s, f"http://127.0.0.1:{P}/v1/chat/completions", body)
+        assert status == 200
+        late = await _wait_metric(D, name, lambda v: v > before)
+        depth = await _wait_metric(D, "epd_decode_queue_depth", lambda v: v == 0)
+        return late - before, depth
+    assert run(go()) == (1, 0)
+
+
 BAD_BODIES = [
     lambda: b'{"model": ',
     lambda: with_room({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}, PB),
@@ -353,3 +391,20 @@ def test_bad_model_path_and_port_in_use(model_dir):
     assert busy.returncode == 1
     last = busy.stderr.strip().splitlines()[-1]
     assert last.startswith("epdctl.runtime decode: error: cannot listen on 127.0.0.1:33791") and "in use" in last
+
+
+def test_sigterm_lets_in_flight_requests_finish(workers):
+    """Last test of the module: it stops the decode. A request in flight when SIGTERM arrives completes."""
+    async def go():
+        body = roomed([data_url(make_image(20))], text="count the images", max_tokens=30)
+        async with aiohttp.ClientSession() as s:
+            call = asyncio.gather(post(s, f"http://127.0.0.1:{P}/v1/chat/completions", body),
+                                  post(s, f"http://127.0.0.1:{D}/v1/chat/completions", body))
+            running = await _wait_metric(D, "epd_decode_running_requests", lambda v: v == 1)
+            workers["d"].proc.send_signal(signal.SIGTERM)
+            (ps, _), (ds, dtext) = await call
+        return running, ps, ds, json.loads(dtext)
+    running, ps, ds, body = run(go())
+    assert running == 1 and ps == 200 and ds == 200, body
+    assert body["usage"]["completion_tokens"] == 30
+    assert workers["d"].proc.wait(60) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import image_messages, reference_generate
+from tiny_model import image_messages, reference_generate
 
 from epdctl.runtime.decode_engine import DecodeEngine
 from epdctl.runtime.embed_cache import EmbedCache
@@ -140,6 +140,13 @@ def test_seeded_sampling_is_reproducible_and_stops(bundle, images):
     stop = a[3]
     stopped = sampled(SamplingParams(max_tokens=12, temperature=1.5, top_p=0.9, seed=7, stop_token_ids=[stop]))
     assert stopped == a[: a.index(stop) + 1]
+
+
+def test_ignore_eos_runs_to_max_tokens(bundle, images):
+    enc = VisionEncoder(bundle)
+    params = SamplingParams(max_tokens=9, ignore_eos=True)
+    tokens, _ = run_alone(bundle, prefill_request(bundle, enc, images[:1], "describe the image", params), params)
+    assert len(tokens) == 9
 
 
 def test_abort_frees_the_sequence(bundle, images):

@@ -113,6 +113,16 @@ def test_registration_endpoints(cluster):
         gen = run(get_json(base + "/health_generate"))
         assert gen[0] == 200 and gen[1]["status"] == "ok", gen
     assert run(get_json(f"http://127.0.0.1:{P}/server_info"))[1]["disaggregation_bootstrap_port"] == PB
+    prefill_metrics = run(get_text(f"http://127.0.0.1:{P}/metrics"))
+    decode_metrics = run(get_text(f"http://127.0.0.1:{D}/metrics"))
+    for series in ("epd_prefill_ttft_seconds histogram", "epd_prefill_stage_seconds histogram",
+                   "epd_prefill_queue_depth gauge", "epd_prefill_embedding_cache_total counter",
+                   "epd_prefill_transport_bytes_received_total counter"):
+        assert f"# TYPE {series}" in prefill_metrics
+    for series in ("epd_decode_ttft_seconds histogram", "epd_decode_tpot_seconds histogram",
+                   "epd_decode_queue_depth gauge", "epd_decode_stage_seconds histogram",
+                   "epd_decode_transport_bytes_received_total counter"):
+        assert f"# TYPE {series}" in decode_metrics
     assert run(get_json(f"http://127.0.0.1:{E0}/health"))[0] == 200
     assert "# TYPE epd_encoder_cache_hits_total counter" in run(get_text(f"http://127.0.0.1:{E0}/metrics"))
 
@@ -189,6 +199,16 @@ def test_colocated_matches_generate(cluster, ref_bundle, stream):
     assert status == 200, text
     ids = stream_tokens(sse_events(text))[0] if stream else json.loads(text)["choices"][0]["token_ids"]
     assert ids == want
+
+
+def test_seeded_sampling_is_the_same_split_or_colocated(cluster):
+    """temperature/top_p/seed: the split pipeline draws exactly what the colocated worker draws."""
+    body = chat_body(MODEL, [data_url(make_image(6))], max_tokens=MAX_TOKENS, temperature=1.0, top_p=0.9,
+                     seed=1234, return_token_ids=True)
+    split = [pd(body)["choices"][0]["token_ids"] for _ in range(2)]
+    status, text = run(_post_one(f"http://127.0.0.1:{C}/v1/chat/completions", body))
+    assert status == 200, text
+    assert split[0] == split[1] == json.loads(text)["choices"][0]["token_ids"]
 
 
 async def _post_one(url: str, body: dict) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import image_messages, reference_generate
+from tiny_model import image_messages, reference_generate
 
 from epdctl.runtime.errors import TransferError
 from epdctl.runtime.transports import open_transport
@@ -186,3 +186,29 @@ def test_damaged_transfer_to_another_process_raises(workers, transport, damage):
     assert ("CRC32" in message) if damage == "corrupt" else ("truncated" in message)
     out = dec.call("recv", transport=transport, key=key, timeout=10)
     assert "transfer_error" in out and ("CRC32" in out["transfer_error"] or "truncated" in out["transfer_error"])
+
+
+def test_seeded_sampling_across_processes_equals_one_process(workers, bundle, images):
+    """Token i is drawn with seed (seed, i), so a split deployment samples what one process does."""
+    from epdctl.runtime.decode_engine import DecodeEngine
+    from epdctl.runtime.encoder_engine import VisionEncoder
+    from epdctl.runtime.prefill_engine import LanguagePrefill
+    from epdctl.runtime.prompt import build_prompt
+    from epdctl.runtime.sampling import SamplingParams
+
+    sampling = {"max_tokens": MAX_TOKENS, "temperature": 1.2, "top_p": 0.9, "seed": 1234}
+    messages = image_messages(3)
+    room = f"sampled-{uuid.uuid4().hex[:6]}"
+    out = run_pipeline(workers, "mooncake", images[:3], messages, [room], sampling)
+    params = SamplingParams.from_dict(sampling)
+    encoded = VisionEncoder(bundle).encode(images[:3])
+    result = LanguagePrefill(bundle).prefill(build_prompt(bundle, messages, [e.grid_thw for e in encoded]),
+                                             encoded, params)
+    engine = DecodeEngine(bundle)
+    engine.add("local", result, params)
+    local = []
+    while engine.num_running:
+        local += [t for _, t, _ in engine.step()]
+    assert out["tokens"][room] == local
+    _, greedy, _ = reference_generate(bundle, images[:3], messages, MAX_TOKENS)
+    assert local != greedy  # it really sampled

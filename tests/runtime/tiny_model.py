@@ -1,5 +1,7 @@
 """Build a tiny random Qwen2-VL checkpoint offline (config, safetensors, tokenizer with a chat
-template, preprocessor config) so runtime tests never wait for, or depend on, a trained model.
+template, preprocessor config) so runtime tests never wait for, or depend on, a trained model;
+plus what the runtime tests share: test images, chat messages and the one-process reference
+``generate()`` that split results are compared against.
 """
 
 from __future__ import annotations
@@ -80,3 +82,27 @@ def make_image(i: int, size: int = 84) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def image_messages(n: int, text: str = "describe the image") -> list[dict]:
+    return [{"role": "user", "content": [{"type": "image"}] * n + [{"type": "text", "text": text}]}]
+
+
+def reference_generate(bundle, images: list[bytes], messages: list[dict], max_new_tokens: int):
+    """One-process ``generate()`` of the full model: (prompt ids, new tokens, per-token logits)."""
+    import torch
+
+    from epdctl.runtime.encoder_engine import decode_image
+    from epdctl.runtime.prompt import build_prompt
+
+    feats = bundle.image_processor(images=[decode_image(i, b) for i, b in enumerate(images)], return_tensors="pt")
+    grids = [tuple(g) for g in feats["image_grid_thw"].tolist()]
+    prompt = build_prompt(bundle, messages, grids)
+    ids = torch.tensor([prompt.input_ids])
+    with torch.inference_mode():
+        out = bundle.model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=feats["pixel_values"],
+            image_grid_thw=feats["image_grid_thw"], mm_token_type_ids=(ids == bundle.image_token_id).int(),
+            max_new_tokens=max_new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
+            eos_token_id=bundle.eos_token_ids, pad_token_id=bundle.tokenizer.pad_token_id)
+    return prompt.input_ids, out.sequences[0, ids.shape[1]:].tolist(), [lg[0].float() for lg in out.logits]

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from epdctl.runtime.images import ImageLimits, load_images
 from epdctl.runtime.metrics import Registry
-from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, to_api_error
 from epdctl.runtime.servers.decode import GenerationMetrics
 from epdctl.runtime.servers.engine_loop import EngineLoop
@@ -90,7 +90,8 @@ class ColocatedServer:
         t_arrival = time.perf_counter()
         try:
             req = parse_chat_request(await read_json(request), self.info.served_name,
-                                     max_images=self.args.max_images_per_request, require_room=False)
+                                     max_images=self.args.max_images_per_request, require_room=False,
+                                     context_length=self.info.context_length)
             resp = await self._serve(request, req, t_arrival)
         except Exception as exc:
             err = to_api_error(exc)
@@ -112,6 +113,7 @@ class ColocatedServer:
             encoded = await self.loop.call(self.encoder.encode, images) if images else []
             encode_ms = watch.lap()
             prompt = await self.loop.call(self._build_prompt, self.bundle, req.messages, [e.grid_thw for e in encoded])
+            check_context(len(prompt.input_ids), req.max_tokens, self.info.context_length)
             params = self._params(req)
             result = await self.loop.call(self.prefill.prefill, prompt, encoded, params)
             prefill_ms = watch.lap()

@@ -79,7 +79,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, f"request body is larger than {request.app._client_max_size} bytes",
+        raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes",
                        "request_too_large") from None
     return decode_json(raw)
 
@@ -128,9 +128,13 @@ class Stopwatch:
 
 async def serve(apps: list[tuple[web.Application, str, int]],
                 on_ready: Callable[[], Awaitable[None]] | None = None,
-                on_stop: Callable[[], Awaitable[None]] | None = None) -> None:
+                on_stop: Callable[[], Awaitable[None]] | None = None,
+                on_drain: Callable[[], Awaitable[None]] | None = None,
+                drain_timeout: float = 15.0) -> None:
     """Bind every (app, host, port), run until SIGTERM/SIGINT, then stop gracefully.
 
+    Stopping: ``on_drain`` (tell peers we are leaving), stop listening and let in-flight requests
+    finish (up to ``drain_timeout``), then ``on_stop`` (close engines and transports).
     A port that cannot be bound raises RuntimeWorkerError with a one-line reason.
     """
     runners: list[web.AppRunner] = []
@@ -140,7 +144,7 @@ async def serve(apps: list[tuple[web.Application, str, int]],
         loop.add_signal_handler(sig, stop.set)
     try:
         for app, host, port in apps:
-            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0,
+            runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=drain_timeout,
                                    handler_cancellation=True)  # a gone client cancels its handler
             await runner.setup()
             runners.append(runner)
@@ -153,12 +157,18 @@ async def serve(apps: list[tuple[web.Application, str, int]],
         if on_ready is not None:
             await on_ready()
         await stop.wait()
-        log.info("stopping (signal received)")
+        log.info("stopping (signal received): finishing in-flight requests")
     finally:
-        if on_stop is not None:
-            try:
-                await on_stop()
-            except Exception:
-                log.exception("error while stopping")
+        await _quietly(on_drain)
         for runner in reversed(runners):
             await runner.cleanup()
+        await _quietly(on_stop)
+
+
+async def _quietly(step: Callable[[], Awaitable[None]] | None) -> None:
+    if step is None:
+        return
+    try:
+        await step()
+    except Exception:
+        log.exception("error while stopping")

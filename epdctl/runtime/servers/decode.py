@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
-from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.bootstrap import register_route
 from epdctl.runtime.servers.common import make_app, read_json
 from epdctl.runtime.servers.engine_loop import EngineLoop
@@ -121,7 +121,8 @@ class DecodeServer:
         try:
             # the image limit is the prefill's to enforce: it sends its error here under the room
             req = parse_chat_request(await read_json(request), self.info.served_name,
-                                     max_images=1 << 30, require_room=True)
+                                     max_images=1 << 30, require_room=True,
+                                     context_length=self.info.context_length)
             if not req.bootstrap_host or req.bootstrap_port is None:
                 raise ApiError(400, "missing 'bootstrap_host'/'bootstrap_port': the decode must know the prefill's "
                                     "bootstrap server (the PD router adds them)", "missing_field")
@@ -183,6 +184,7 @@ class DecodeServer:
 
     async def _generate(self, request: web.Request, req: Any, meta: dict, tensors: dict, kv_wait_ms: float,
                         t_arrival: float) -> web.StreamResponse:
+        check_context(int(meta.get("prompt_len", 0)), req.max_tokens, self.info.context_length)
         result = self._wire.tensors_to_prefill_result(meta, tensors)
         kv_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors

@@ -201,11 +201,15 @@ class EncoderServer:
         if self.args.register_urls:
             self._register_task = asyncio.create_task(self._register_loop())
 
-    async def on_stop(self) -> None:
+    async def on_drain(self) -> None:
+        """Leave the prefills' registries first, so no new work is sent while we drain."""
         if self._register_task is not None:
             self._register_task.cancel()
         if self.session is not None:
             await self._unregister()
+
+    async def on_stop(self) -> None:
+        if self.session is not None:
             await self.session.close()
         await self.batcher.stop()
         await self.transport.close()
@@ -236,4 +240,4 @@ async def run_encoder(args: Any) -> None:
     transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
     await transport.start()
     server = EncoderServer(args, encoder, transport, wire)
-    await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop)
+    await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop, server.on_drain)

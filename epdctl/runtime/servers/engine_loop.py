@@ -15,9 +15,6 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-END = object()  # queue sentinel: the sequence was aborted or failed
-
-
 class EngineLoop:
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, name: str = "decode-loop"):
         self.engine = engine
@@ -52,7 +49,7 @@ class EngineLoop:
         return fut
 
     async def add(self, seq_id: str, result: Any, params: Any) -> asyncio.Queue:
-        """Start decoding; tokens arrive on the returned queue as (token, finished) or END."""
+        """Start decoding; tokens arrive on the returned queue as (token, finished), or an exception."""
         q: asyncio.Queue = asyncio.Queue()
         self._streams[seq_id] = q
         try:

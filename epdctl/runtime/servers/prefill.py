@@ -18,7 +18,7 @@ from aiohttp import web
 
 from epdctl.runtime.images import ImageLimits, load_images
 from epdctl.runtime.metrics import Registry
-from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.servers.common import ModelThread, Stopwatch, json_response, make_app, read_json, to_api_error
 from epdctl.runtime.servers.encoder_client import EncoderClient
@@ -96,7 +96,7 @@ class PrefillServer:
         body = await read_json(request)
         try:
             req = parse_chat_request(body, self.info.served_name, max_images=self.args.max_images_per_request,
-                                     require_room=True)
+                                     require_room=True, context_length=self.info.context_length)
         except ApiError as err:
             self._fail_partner(body.get("bootstrap_room"), err)
             self.m_requests.inc(labels={"status": str(err.status)})
@@ -137,6 +137,7 @@ class PrefillServer:
                 self.m_cache.inc(labels={"result": "hit" if e.cached else "miss"})
         prompt = await self.thread.run(self._build_prompt, self.bundle, req.messages,
                                        [e.grid_thw for e in encoded])
+        check_context(len(prompt.input_ids), req.max_tokens, self.info.context_length)
         result = await self.thread.run(self.engine.prefill, prompt, encoded, self.sampling(req))
         prefill_ms = watch.lap()
         self.m_stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from epdctl.runtime import openai_api as oa
 from epdctl.runtime.servers.common import json_response
-from epdctl.runtime.servers.engine_loop import END
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +52,6 @@ async def _tokens(gen: Generation, stream: oa.TextStream):
     """Yield (delta_text, finish_reason|None) until the sequence ends."""
     while True:
         item = await gen.tokens.get()
-        if item is END:
-            raise oa.ApiError(500, "the sequence was aborted", "aborted", "server_error")
         if isinstance(item, BaseException):
             raise oa.ApiError(500, f"decode failed: {type(item).__name__}: {item}", "decode_failed", "server_error")
         token, done = item

@@ -99,9 +99,10 @@ class MooncakeTransport(Endpoint):
         staging = torch.empty(max(total, 1), dtype=torch.uint8)
         dst = staging.numpy()
         lengths = []
-        for buf, off in zip(bufs, offsets):
+        ends = offsets[1:] + [total]
+        for buf, off, end in zip(bufs, offsets, ends):
             src = np.frombuffer(buf, dtype=np.uint8)
-            n = min(src.nbytes, total - off)  # a damaged (over-long) frame must not spill past the buffer
+            n = min(src.nbytes, end - off)  # a damaged (over-long) frame must not spill into the next slot
             dst[off:off + n] = src[:n]
             lengths.append(src.nbytes)
         ptr = staging.data_ptr()

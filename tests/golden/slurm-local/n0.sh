@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# epdctl plan for topology slurm-local (engine embedded), rendered by `epdctl render`.
+# Each command is a long-running server: run each in its own shell (or let `epdctl up` do it),
+# in the order below. ${NAME} references are read from your environment; no secret is written here.
+
+# ===== node n0 =====
+
+# encoder-0: encoder, http://n0.slurm:37100
+python3 -m epdctl.runtime encoder \
+    --model-path <REPO>/models/tiny-qwen2vl \
+    --host n0.slurm \
+    --port 37100 \
+    --transport zmq
+
+# router: http://n0.slurm:37101 (metrics on port 37102)
+python3 -m smg.launch_router \
+    --pd-disaggregation \
+    --prefill http://n1.slurm:37200 37201 \
+    --decode http://n2.slurm:37300 \
+    --host n0.slurm \
+    --port 37101 \
+    --prometheus-host n0.slurm \
+    --prometheus-port 37102

@@ -1,0 +1,167 @@
+"""sbatch rendering: golden files, the committed slurm/*.sbatch examples, quoting and host mapping,
+and `sbatch --test-only` on the real local cluster for every script whose request fits.
+
+Regenerate tests/golden/slurm/ and slurm/*.sbatch after an intended change with:
+
+    EPDCTL_REGEN_GOLDEN=1 .venv/bin/python -m pytest tests/test_sbatch_render.py -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
+
+from epdctl.errors import RenderError  # noqa: E402
+from epdctl.render import build_plan  # noqa: E402
+from epdctl.slurm import jobs  # noqa: E402
+from epdctl.slurm.sbatch import host_map, render_sbatch, substitute  # noqa: E402
+from epdctl.topology import load_topology, topology_from_text  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = ROOT / "tests" / "golden" / "slurm"
+EXAMPLES = ROOT / "slurm"
+REGEN = os.environ.get("EPDCTL_REGEN_GOLDEN") == "1"
+# Rendered for SLURM: every topology whose launcher is slurm, plus the SGLang EPD example.
+RENDERED = ("deepseek-v3-pp4-ep32", "qwen2vl-epd", "slurm-local")
+# Committed as ready-to-run examples (slurm-local's model path is the checkout's, so it is rendered
+# at `epdctl up` time instead).
+COMMITTED = ("deepseek-v3-pp4-ep32", "qwen2vl-epd")
+# What the 4-node, GPU-less local cluster cannot run, and why (sbatch --test-only must say so).
+DOES_NOT_FIT = {
+    "deepseek-v3-pp4-ep32": "gres",        # 8 GPUs per node on partition gpu, account llm-serving
+    "qwen2vl-epd": "gres",                 # 8 GPUs per node on 3 nodes
+}
+
+
+def _render(name: str) -> str:
+    topo = load_topology(ROOT / "topologies" / f"{name}.yaml")
+    return render_sbatch(topo, build_plan(topo)).replace(str(ROOT), "<REPO>")
+
+
+def _check(path: Path, text: str) -> None:
+    if REGEN:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.exists(), f"missing {path}; run EPDCTL_REGEN_GOLDEN=1 pytest {__file__}"
+    assert path.read_text(encoding="utf-8") == text, (
+        f"{path} differs from what render produces; if intended, regenerate with EPDCTL_REGEN_GOLDEN=1")
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_render_matches_golden(name: str) -> None:
+    _check(GOLDEN / f"{name}.sbatch", _render(name))
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_committed_examples_do_not_drift(name: str) -> None:
+    _check(EXAMPLES / f"{name}.sbatch", _render(name))
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_rendered_script_is_valid_bash(name: str) -> None:
+    proc = subprocess.run(["bash", "-n"], input=_render(name), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_multinode_ranks_share_the_leaders_runtime_address() -> None:
+    text = _render("deepseek-v3-pp4-ep32")
+    assert text.count('--dist-init-addr "${EPD_ADDR_0}:30002"') == 4  # prefill ranks on pf0..pf3
+    assert text.count('--dist-init-addr "${EPD_ADDR_4}:30001"') == 4  # decode ranks on dc0..dc3
+    for rank in range(4):
+        assert text.count(f"--node-rank {rank} ") == 2
+    assert "10.1.0." not in text.split("set -uo pipefail", 1)[1]  # no hard-coded topology address
+    assert "#SBATCH --nodes=8" in text and "#SBATCH --gpus-per-node=8" in text
+    assert "#SBATCH --exclusive\n" in text and "#SBATCH --account=llm-serving" in text
+    # only rank-0 URLs are probed for readiness; other ranks are watched for liveness
+    assert 'wait_ready prefill "prefill-0=http://${EPD_ADDR_0}:30000/health"\n' in text
+
+
+def test_substitute_replaces_whole_addresses_only() -> None:
+    hosts = {"10.1.0.1": "${EPD_ADDR_0}", "10.1.0.10": "${EPD_ADDR_1}"}
+    assert substitute("http://10.1.0.10:80", hosts) == "http://${EPD_ADDR_1}:80"
+    assert substitute("10.1.0.1:5000", hosts) == "${EPD_ADDR_0}:5000"
+    assert substitute("10.1.0.100", hosts) == "10.1.0.100"
+    assert substitute("x10.1.0.1", hosts) == "x10.1.0.1"
+
+
+BASE = """
+name: t
+engine: embedded
+launcher: slurm
+slurm: {partition: "debug queue", time: "00:10:00", extra: {comment: "a'; echo pwned"}}
+model: {path: /models/m, served_name: m}
+defaults: {host: node}
+nodes:
+  - {name: a, host: HOST_A, port_base: 37500}
+  - {name: b, host: HOST_B, port_base: 37600}
+roles:
+  prefill: {nodes: [a], count: 1}
+  decode: {nodes: [b], count: 1}
+"""
+
+
+def test_nodes_sharing_an_address_cannot_be_mapped() -> None:
+    topo = topology_from_text(BASE.replace("HOST_A", "h1").replace("HOST_B", "h1"))
+    with pytest.raises(RenderError, match="share the address 'h1'"):
+        host_map(topo, ["a", "b"])
+
+
+def test_directive_values_are_quoted() -> None:
+    topo = topology_from_text(BASE.replace("HOST_A", "a.x").replace("HOST_B", "b.x"))
+    text = render_sbatch(topo, build_plan(topo))
+    assert "#SBATCH --partition='debug queue'\n" in text
+    assert "#SBATCH --comment='a'\"'\"'; echo pwned'\n" in text
+
+
+def test_user_template_overrides_the_default(tmp_path: Path) -> None:
+    topo = topology_from_text(BASE.replace("HOST_A", "a.x").replace("HOST_B", "b.x"))
+    tpl = tmp_path / "mine.j2"
+    tpl.write_text("#!/bin/bash\n{% for k, v in directives %}#SBATCH --{{ k }}={{ v }}\n{% endfor %}"
+                   "{% for s in stages %}# {{ s.name }}: {{ s.workers | map(attribute='name') | join(',') }}\n"
+                   "{% endfor %}")
+    text = render_sbatch(topo, build_plan(topo), tpl)
+    assert text.startswith("#!/bin/bash\n#SBATCH --job-name=epd-t\n")
+    assert "# prefill: prefill-0\n# decode: decode-0\n" in text
+    with pytest.raises(RenderError, match="cannot read sbatch template"):
+        render_sbatch(topo, build_plan(topo), tmp_path / "missing.j2")
+
+
+# ----------------------------------------------------------------------------- real cluster
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    yield from slurm_cluster()
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_sbatch_test_only_on_the_local_cluster(cluster: SlurmCluster, tmp_path: Path, name: str) -> None:
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(_render(name))
+    ok, msg = jobs.check_fits(str(script))
+    if name in DOES_NOT_FIT:
+        assert not ok
+        assert DOES_NOT_FIT[name] in msg and "slurm.gpus_per_node" in msg
+        # without the GPU request the node count alone fits or is named as the problem
+        topo = load_topology(ROOT / "topologies" / f"{name}.yaml")
+        topo = dataclasses.replace(topo, slurm=None, nodes=tuple(dataclasses.replace(n, gpus=0) for n in topo.nodes))
+        script.write_text(render_sbatch(topo, build_plan(topo)))
+        ok, msg = jobs.check_fits(str(script))
+        nodes = len(build_plan(topo).nodes)
+        assert ok == (nodes <= len(cluster.nodes)), msg
+        if not ok:
+            assert "too many nodes" in msg
+    else:
+        assert ok, msg
+        assert "to start at" in msg and "partition debug" in msg
