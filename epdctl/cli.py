@@ -25,6 +25,11 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("cluster", "down"),
     "logs": ("cluster", "logs"),
     "check": ("check", "check"),
+    "rebalance": ("rebalance", "rebalance"),
+    "history": ("rebalance", "history"),
+    "bench": ("bench", "bench"),
+    "profile": ("plan", "profile"),
+    "plan": ("plan", "plan"),
 }
 
 

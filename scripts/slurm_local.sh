@@ -5,7 +5,7 @@
 #
 #   scripts/slurm_local.sh install   apt-get install the packages if missing (root)
 #   scripts/slurm_local.sh up        install if missing, then start (idempotent; restarts on config change)
-#   scripts/slurm_local.sh down      cancel jobs, stop the daemons (exits 0 when already stopped)
+#   scripts/slurm_local.sh down      cancel jobs, stop the daemons and munged (exits 0 when already stopped)
 #   scripts/slurm_local.sh status    sinfo
 #   scripts/slurm_local.sh env       print `export SLURM_CONF=...` for clients
 #
@@ -94,6 +94,16 @@ start_munge() {
     munge -n | unmunge >/dev/null
 }
 
+running() {  # PIDS... -> prints those still running (not zombies); success when any is
+    local p out=""
+    for p in "$@"; do
+        if kill -0 "$p" 2>/dev/null && [ "$(ps -o stat= -p "$p" 2>/dev/null | cut -c1)" != "Z" ]; then
+            out="$out $p"
+        fi
+    done
+    [ -n "$out" ] && echo $out
+}
+
 all_alive() {
     alive "$D/run/slurmctld.pid" || return 1
     for n in $(seq 1 "$NODES"); do alive "$D/run/slurmd-node$n.pid" || return 1; done
@@ -108,11 +118,15 @@ stop_daemons() {
         if alive "$f"; then pids="$pids $(cat "$f")"; kill "$(cat "$f")" 2>/dev/null || true; fi
     done
     for _ in $(seq 1 100); do
-        local any=0
-        for p in $pids; do
-            if kill -0 "$p" 2>/dev/null && [ "$(ps -o stat= -p "$p" | cut -c1)" != "Z" ]; then any=1; fi
-        done
-        [ $any = 0 ] && break
+        running $pids >/dev/null || break
+        sleep 0.1
+    done
+    # slurmctld can ignore SIGTERM right after it started (seen 2 s after start): force it
+    for p in $(running $pids); do
+        kill -9 $(ps -o pid= --ppid "$p") "$p" 2>/dev/null || true
+    done
+    for _ in $(seq 1 50); do
+        running $pids >/dev/null || break
         sleep 0.1
     done
     rm -f "$D"/run/*.pid
@@ -146,7 +160,10 @@ up() {
 case "${1:-up}" in
     install) install_pkgs ;;
     up) up ;;
-    down) [ -f "$CONF" ] && stop_daemons; true ;;
+    down)
+        [ -f "$CONF" ] && stop_daemons
+        if alive /run/munge/munged.pid; then kill "$(cat /run/munge/munged.pid)"; fi
+        true ;;
     status) sinfo -N -l ;;
     env) echo "export SLURM_CONF=$CONF" ;;
     *) log "usage: $0 {install|up|down|status|env}"; exit 2 ;;

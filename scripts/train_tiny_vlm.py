@@ -249,6 +249,31 @@ def teacher_forced_accuracy(model: Any, tok: Any, b: dict[str, Any]) -> list[lis
 
 
 # -------------------------------------------------------------------- train
+def load_init(model: Any, tok: Any, folder: Path) -> dict[str, Any]:
+    """Start from an earlier checkpoint (same architecture and tokenizer); returns its report."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
+    if vocab != tok.get_vocab() and len(vocab) + len(SPECIALS) != len(tok):
+        raise RuntimeError(f"{folder}: tokenizer differs from the one this script builds")
+    done = Qwen2VLForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32)
+    model.load_state_dict(done.state_dict())  # strict: same architecture or a clear error
+    log.info("initialised from %s", folder)
+    return json.loads((folder / "training_report.json").read_text())
+
+
+def command_for(args: argparse.Namespace, step: int) -> str:
+    """The command line that reproduces this checkpoint (non-default training options only)."""
+    defaults = vars(parse_args([]))
+    skip = {"steps", "out", "eval_only", "time_limit", "log_every", "eval_every", "save_every",
+            "eval_requests", "no_final_eval"}
+    parts = [".venv/bin/python scripts/train_tiny_vlm.py", f"--steps {step}"]
+    for k, v in vars(args).items():
+        if k not in skip and v != defaults[k]:
+            parts.append(f"--{k.replace('_', '-')} {v}")
+    return " ".join(parts)
+
+
 def count_for(rng: random.Random, step: int, args: argparse.Namespace) -> int:
     """Curriculum: single images for ``--single-steps`` (shape features first), then the
     largest image count grows from 3 to 8 over ``--ramp`` steps."""
@@ -279,6 +304,9 @@ def train(args: argparse.Namespace) -> None:
     tok = build_tokenizer()
     proc = make_image_processor(args.image_side)
     model = build_model(tok, args)
+    init_report = None
+    if args.init_from:
+        init_report = load_init(model, tok, Path(args.init_from))
     nparams = sum(p.numel() for p in model.parameters())
     log.info("vocab %d, parameters %d", len(tok), nparams)
     out = Path(args.out)
@@ -298,6 +326,9 @@ def train(args: argparse.Namespace) -> None:
     step = 0
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup)
+        if args.anneal_steps:
+            frac = min(step, args.anneal_steps) / args.anneal_steps
+            lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
         if args.decay_from and step > args.decay_from * args.steps:
             frac = (step - args.decay_from * args.steps) / ((1 - args.decay_from) * args.steps)
             lr *= 0.5 * (1 + math.cos(math.pi * frac)) * 0.9 + 0.1
@@ -325,7 +356,7 @@ def train(args: argparse.Namespace) -> None:
             report = {"steps": step, "steps_planned": args.steps, "wall_s": time.time() - t0,
                       "cpu_s": time.process_time() - c0, "threads": 2, "parameters": nparams,
                       "recipe": recipe, "history": history,
-                      "command": f".venv/bin/python scripts/train_tiny_vlm.py --steps {step}"}
+                      "command": command_for(args, step), "init_from_report": init_report}
             save(model, tok, proc, out, report)
             log.info("saved step %d to %s", step, out)
         if last:
@@ -359,6 +390,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="first steps with single-image requests only (batch doubled)")
     p.add_argument("--image-side", type=int, default=56, choices=sorted(SIDE_PIXELS),
                    help="images are resized to this square side (56: 4 tokens, 112: 16)")
+    p.add_argument("--init-from", default="",
+                   help="start from the weights of this checkpoint folder (second stage)")
+    p.add_argument("--anneal-steps", type=int, default=0,
+                   help="cosine LR from --lr to 10%% over this many steps (by step number only, "
+                        "so stopping early is still reproducible); 0 = none")
     p.add_argument("--layers", type=int, default=4, help="text layers")
     p.add_argument("--hidden", type=int, default=128, help="text hidden size")
     p.add_argument("--vision-embed", type=int, default=128)

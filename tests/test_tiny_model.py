@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import sys
 from pathlib import Path
 
 import pytest
-
-import torch  # noqa: E402
+import torch
+from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "tiny-qwen2vl"
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from tiny_vlm_common import IMAGE_PAD, answer, encode_request, load  # noqa: E402
+from tiny_vlm_common import IMAGE_PAD, Loaded, answer, encode_request, load  # noqa: E402
 
 from epdctl import shapes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def loaded():
+def loaded() -> Loaded:
     torch.set_num_threads(2)
     return load(MODEL)
 
@@ -37,7 +38,7 @@ def test_checkpoint_files_and_size_bound() -> None:
     assert report["steps"] > 0
 
 
-def test_chat_template_marks_each_image_like_qwen2vl(loaded) -> None:
+def test_chat_template_marks_each_image_like_qwen2vl(loaded: Loaded) -> None:
     msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "image_url"},
                                          {"type": "text", "text": "Hi?"}]}]
     text = loaded.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
@@ -50,11 +51,8 @@ def test_chat_template_marks_each_image_like_qwen2vl(loaded) -> None:
     assert loaded.tokenizer.decode(ids) == "a\nb"
 
 
-def test_each_image_becomes_four_pad_tokens(loaded) -> None:
+def test_each_image_becomes_four_pad_tokens(loaded: Loaded) -> None:
     pngs, q, _ = shapes.make_request(random.Random(0), 2)
-    from PIL import Image
-    import io
-
     images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pngs]
     inputs = encode_request(loaded, images, q)
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 4]]
@@ -62,7 +60,7 @@ def test_each_image_becomes_four_pad_tokens(loaded) -> None:
     assert loaded.tokenizer.convert_ids_to_tokens(loaded.image_pad_id) == IMAGE_PAD
 
 
-def test_answers_a_three_image_plain_request(loaded) -> None:
+def test_answers_a_three_image_plain_request(loaded: Loaded) -> None:
     items = [shapes.Item("circle", "red"), shapes.Item("square", "blue"),
              shapes.Item("triangle", "yellow")]
     pngs = [shapes.to_png(shapes.draw(it.shape, it.colour)) for it in items]

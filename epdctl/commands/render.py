@@ -19,10 +19,20 @@ from epdctl.topology import load_topology
 @click.option("--format", "fmt", type=click.Choice(["sh", "json"]), default="sh", show_default=True)
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Write one file per node (<node>.sh or <node>.json) plus plan.<fmt> into DIR.")
-def render(topology: str, node: str | None, fmt: str, out: Path | None) -> None:
+@click.option("--launcher", "launcher", type=click.Choice(["plan", "slurm"]), default="plan", show_default=True,
+              help="slurm: print a ready-to-submit sbatch script instead of the per-node commands.")
+@click.option("--template", "template", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="With --launcher slurm: your own jinja2 sbatch template (default: templates/sbatch.sh.j2).")
+def render(topology: str, node: str | None, fmt: str, out: Path | None, launcher: str,
+           template: Path | None) -> None:
     """Render the launch plan of a topology (start order: encoders, prefills, decodes, router)."""
     try:
-        plan = build_plan(load_topology(topology))
+        topo = load_topology(topology)
+        plan = build_plan(topo)
+        if launcher == "slurm":
+            from epdctl.slurm.sbatch import render_sbatch
+
+            text = render_sbatch(topo, plan, template)
     except TopologyError as e:
         click.secho(f"{topology}: {len(e.problems)} problem(s); run `epdctl validate` for details:", fg="red", err=True)
         for p in e.problems:
@@ -31,6 +41,18 @@ def render(topology: str, node: str | None, fmt: str, out: Path | None) -> None:
     except EpdctlError as e:
         click.secho(f"{topology}: {e}", fg="red", err=True)
         sys.exit(1)
+    if launcher == "slurm":
+        if out is None:
+            click.echo(text, nl=False)
+            return
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"{topo.name}.sbatch").write_text(text, encoding="utf-8")
+        except OSError as e:
+            click.secho(f"cannot write to {out}: {e.strerror}; pick a writable --out directory", fg="red", err=True)
+            sys.exit(1)
+        click.echo(f"wrote {out / (topo.name + '.sbatch')}")
+        return
     if node is not None and node not in plan.nodes:
         click.secho(f"node {node!r} runs nothing in this topology; nodes: {', '.join(plan.nodes)}", fg="red", err=True)
         sys.exit(1)

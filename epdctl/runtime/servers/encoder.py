@@ -166,24 +166,29 @@ class EncoderServer:
             host = socket.getfqdn()
         return f"http://{host}:{self.args.port}"
 
-    async def _register_loop(self) -> None:
-        """Register with every prefill registry; prefills may start after us, so keep retrying."""
-        pending = list(self.args.register_urls or [])
+    async def _register_loop(self, refresh_s: float = 10.0) -> None:
+        """Register with every prefill registry and keep doing so (registration is idempotent):
+        prefills may start after us, or restart and forget us."""
+        known: set[str] = set()
         delay = 0.5
-        while pending:
-            for base in list(pending):
-                try:
-                    async with self.session.post(base.rstrip("/") + "/register_encoder_url",
-                                                 json={"url": self.public_url()},
-                                                 timeout=aiohttp.ClientTimeout(total=5)) as resp:
-                        if resp.status == 200:
-                            pending.remove(base)
-                            log.info("registered with %s", base)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                    pass
-            if pending:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        while True:
+            for base in self.args.register_urls:
+                ok = await self._register(base)
+                if ok and base not in known:
+                    log.info("registered with %s", base)
+                elif not ok and base in known:
+                    log.warning("lost contact with the registry at %s; retrying", base)
+                (known.add if ok else known.discard)(base)
+            delay = refresh_s if len(known) == len(self.args.register_urls) else min(delay * 2, 5.0)
+            await asyncio.sleep(delay)
+
+    async def _register(self, base: str) -> bool:
+        try:
+            async with self.session.post(base.rstrip("/") + "/register_encoder_url", json={"url": self.public_url()},
+                                         timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
 
     async def _unregister(self) -> None:
         for base in self.args.register_urls or []:

@@ -61,11 +61,9 @@ class EncoderRegistry:
     def add(self, url: str, static: bool = False) -> str:
         url = self.normalize(url)
         state = self.encoders.get(url)
-        if state is None:
+        if state is None:  # a known encoder re-registering keeps its state: probes decide its health
             self.encoders[url] = EncoderState(url, static=static)
             log.info("encoder registered: %s", url)
-        else:
-            state.healthy, state.failures, state.evicted_at = True, 0, None
         return url
 
     def remove(self, url: str) -> bool:

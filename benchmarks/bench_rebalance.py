@@ -1,0 +1,144 @@
+"""Cost of a live role switch: per-step switch time and client latency before vs during it.
+
+Starts a 1-encoder / 1-prefill / 2-decode embedded cluster (ports 38800-38899, state in a temp
+dir) with `epdctl up`, keeps ``--clients`` request loops running (openai client, 2-4 images,
+through the router), measures a baseline window, then runs
+`rebalance --encoder +1 --from decode --yes` and `rebalance --decode +1 --from encoder --yes`,
+and reports, per switch, the step durations recorded in `epdctl history` (drain, stop, start,
+ready, register, verify) and p50/p99 latency of requests that overlapped the switch versus the
+baseline. Measured, not asserted (the host is shared). Writes benchmarks/results/rebalance.json.
+
+    nice -n 10 .venv/bin/python benchmarks/bench_rebalance.py [--clients 2] [--baseline 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from epdctl import shapes  # noqa: E402
+from epdctl.canary import build_messages  # noqa: E402
+
+BASE = 38800
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
+
+
+def loop(router: str, seed: int, stop: threading.Event, out: list[dict[str, Any]]) -> None:
+    from openai import OpenAI
+
+    api = OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=300)
+    rng = random.Random(seed)
+    while not stop.is_set():
+        n = rng.randint(2, 4)
+        pngs, q, _ = shapes.make_request(rng, n, plain=True)
+        t0 = time.time()
+        try:
+            api.chat.completions.create(model="tiny-qwen2vl", max_tokens=48, temperature=0.0,
+                                        messages=build_messages(pngs, q))
+            ok = True
+        except Exception:  # noqa: BLE001 - counted as a failure
+            ok = False
+        out.append({"start": t0, "end": time.time(), "ok": ok})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=2)
+    ap.add_argument("--baseline", type=float, default=40.0, help="seconds of baseline load")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rebalance.json")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-rebalance-"))
+    topo = {
+        "name": "bench-rb", "engine": "embedded", "launcher": "local",
+        "model": {"path": str(ROOT / "models" / "tiny-qwen2vl"), "served_name": "tiny-qwen2vl",
+                  "architecture": "Qwen2VLForConditionalGeneration"},
+        "ports": {"base": BASE, "limit": BASE + 99}, "transfer": {"backend": "zmq"},
+        "nodes": [{"name": "local", "host": "127.0.0.1", "shared": True}],
+        "roles": {"encoder": {"nodes": ["local"], "count": 1},
+                  "prefill": {"nodes": ["local"], "count": 1},
+                  "decode": {"nodes": ["local"], "count": 2}},
+        "router": {"node": "local", "host": "127.0.0.1"},
+    }
+    path = tmp / "bench-rb.yaml"
+    path.write_text(yaml.safe_dump(topo))
+    env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
+
+    def epdctl(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "epdctl", *a], env=env, cwd=ROOT,
+                              text=True, capture_output=True, timeout=900)
+
+    up = epdctl("up", str(path), "--no-canary", "--timeout", "600")
+    if up.returncode != 0:
+        sys.exit(f"up failed:\n{up.stdout}\n{up.stderr}")
+    from epdctl.render import build_plan
+    from epdctl.topology import load_topology
+
+    router = build_plan(load_topology(path)).router.url
+    results: list[dict[str, Any]] = []
+    stop = threading.Event()
+    threads = [threading.Thread(target=loop, args=(router, i, stop, results), daemon=True)
+               for i in range(args.clients)]
+    switches = []
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(args.baseline)
+        base_end = time.time()
+        for req in (("--encoder", "+1", "--from", "decode"), ("--decode", "+1", "--from", "encoder")):
+            t0 = time.time()
+            r = epdctl("rebalance", "bench-rb", *req, "--yes")
+            switches.append({"request": " ".join(req), "rc": r.returncode, "window": (t0, time.time())})
+            time.sleep(5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+        hist = [json.loads(ln) for ln in epdctl("history", "bench-rb", "--json").stdout.splitlines()]
+        epdctl("down", "bench-rb")
+
+    def lat(rows: list[dict[str, Any]]) -> dict[str, Any]:
+        xs = [r["end"] - r["start"] for r in rows if r["ok"]]
+        return {"requests": len(rows), "failed": sum(not r["ok"] for r in rows),
+                "p50_s": pct(xs, 0.5), "p99_s": pct(xs, 0.99),
+                "mean_s": round(statistics.mean(xs), 3) if xs else None}
+
+    baseline = [r for r in results if r["end"] <= base_end]
+    report: dict[str, Any] = {"clients": args.clients, "baseline": lat(baseline), "switches": []}
+    for sw, rec in zip(switches, hist):
+        a, b = sw["window"]
+        during = [r for r in results if r["start"] < b and r["end"] > a]
+        m = rec["moves"][0]
+        report["switches"].append({
+            "request": sw["request"], "outcome": rec["outcome"],
+            "move": f"{m['move']['worker']} -> {m['move']['new_name']}",
+            "steps_s": m["steps"], "total_s": round(sum(m["steps"].values()), 2),
+            "window_s": round(b - a, 2), "during": lat(during)})
+    report["all_failed"] = sum(not r["ok"] for r in results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""Scrape Prometheus ``/metrics`` before and after a run and keep what the run changed.
+
+Why deltas: workers' counters and histograms are cumulative since start (the canary, earlier
+runs), so only the difference between two scrapes belongs to this run. Counters, histogram
+``_sum``/``_count`` and ``_total`` series are differenced; buckets are dropped (the client has
+exact per-request latencies). Works for the embedded workers (``epd_*``) and smg (``smg_*``).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from epdctl.probes import http
+
+log = logging.getLogger(__name__)
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One scrape target: a name for the report (worker name or "router") and its URL."""
+
+    name: str
+    role: str
+    url: str  # full URL of the metrics page
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """``name{labels}`` -> value for every sample line (comments and bad lines skipped)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        try:
+            out[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+        except ValueError:
+            continue
+    return out
+
+
+def _cumulative(series: str) -> bool:
+    name = series.split("{", 1)[0]
+    return name.endswith(("_total", "_sum", "_count")) and not name.endswith("_bucket")
+
+
+def scrape(endpoints: list[Endpoint]) -> dict[str, dict[str, float]]:
+    """Current samples per endpoint; an endpoint that does not answer is left out (logged)."""
+    out: dict[str, dict[str, float]] = {}
+    for ep in endpoints:
+        r = http("GET", ep.url, timeout=5.0)
+        if not r.ok:
+            log.info("metrics %s (%s) not scraped: HTTP %s %s", ep.name, ep.url, r.status, r.error)
+            continue
+        out[ep.name] = parse_prometheus(r.body.decode(errors="replace"))
+    return out
+
+
+def delta(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]
+          ) -> dict[str, dict[str, float]]:
+    """Per endpoint, the cumulative series that changed between the two scrapes."""
+    out: dict[str, dict[str, float]] = {}
+    for name, now in after.items():
+        prev = before.get(name, {})
+        changed = {k: round(v - prev.get(k, 0.0), 6) for k, v in now.items()
+                   if _cumulative(k) and v != prev.get(k, 0.0)}
+        if changed:
+            out[name] = dict(sorted(changed.items()))
+    return out
+
+
+def stage_means(d: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Mean seconds per histogram (and per label set) from ``_sum``/``_count`` deltas."""
+    out: dict[str, dict[str, float]] = {}
+    for name, series in d.items():
+        means: dict[str, float] = {}
+        for k, v in series.items():
+            base, _, labels = k.partition("{")
+            if not base.endswith("_sum"):
+                continue
+            cnt = series.get(base[:-4] + "_count" + ("{" + labels if labels else ""))
+            if cnt:
+                means[base[:-4] + ("{" + labels if labels else "")] = round(v / cnt, 6)
+        if means:
+            out[name] = means
+    return out

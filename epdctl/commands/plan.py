@@ -1,0 +1,151 @@
+"""`epdctl profile [CLUSTER]` and `epdctl plan TOPOLOGY`: measure per-role capacity, then size
+Encoder:Prefill:Decode for a workload and SLOs from that measurement."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from epdctl.errors import EpdctlError
+
+
+@click.command("profile")
+@click.argument("cluster", required=False)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the profile JSON (default: CLUSTER_DIR/profile.json).")
+@click.option("--batches", default="1,4,16", show_default=True,
+              help="Decode batch sizes to measure.")
+@click.option("--requests", type=int, default=4, show_default=True,
+              help="Requests per encoder/prefill probe.")
+@click.option("--output-tokens", type=int, default=32, show_default=True)
+@click.option("--model", help="Model name (default: the cluster's).")
+def profile(cluster: str | None, out: Path | None, batches: str, requests: int,
+            output_tokens: int, model: str | None) -> None:
+    """Measure one worker's capacity per role on a running CLUSTER (input of `epdctl plan`)."""
+    from epdctl.bench.profile import measure
+    from epdctl.bench.target import resolve
+
+    try:
+        bs = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
+    except ValueError:
+        raise click.BadParameter(f"{batches!r}: expected batch sizes like 1,4,16") from None
+    if not bs or min(bs) < 1 or requests < 1 or output_tokens < 2:
+        raise click.BadParameter("batches must be >= 1, --requests >= 1, --output-tokens >= 2")
+    resolved = resolve(cluster, model=model)
+    if resolved.cluster_dir is None and out is None:
+        raise click.BadParameter("profiling a URL needs --out FILE")
+    click.echo(f"profiling {resolved.target.base_url} ({resolved.target.model})")
+    doc = measure(resolved, batches=bs, requests=requests, output_tokens=output_tokens,
+                  say=lambda m: click.echo("  " + m))
+    path = out or (resolved.cluster_dir / "profile.json")  # type: ignore[operator]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+    e, p, d = doc["encoder"], doc["prefill"], doc["decode"]
+    click.echo(f"encoder: {e['images_per_s']:.1f} images/s per worker ({e['source']})")
+    click.echo(f"prefill: {p['tokens_per_s']:.0f} prompt tokens/s + {p['overhead_ms']:.1f} ms "
+               f"per request; {p['tokens_per_image']:.1f} tokens per image")
+    click.echo("decode:  " + ", ".join(f"batch {b}: {t:.1f} tok/s (TPOT {d['tpot_ms'][b]:.1f} ms)"
+                                       for b, t in d["tokens_per_s"].items()))
+    click.echo(f"wrote {path}")
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise EpdctlError(f"cannot read {what} {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise EpdctlError(f"{what} {path} is not JSON: {e}") from None
+
+
+def _cost_per_worker(topo: Any) -> tuple[dict[str, int], str]:
+    """GPUs per worker of each role (from the topology); workers when the engine uses none."""
+    from epdctl.topology.model import Role
+
+    cost: dict[str, int] = {}
+    for role in (Role.ENCODER, Role.PREFILL, Role.DECODE):
+        ws = topo.role_workers(role)
+        if not ws:
+            raise EpdctlError(f"{topo.source}: no {role.value} workers; `epdctl plan` sizes "
+                              "an encoder/prefill/decode topology (not a colocated one)")
+        cost[role.value] = ws[0].settings.gpus
+    if all(v <= 1 for v in cost.values()) and topo.engine == "embedded":
+        return {k: 1 for k in cost}, "workers"
+    return {k: max(1, v) for k, v in cost.items()}, "GPUs"
+
+
+@click.command("plan")
+@click.argument("topology", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--workload", "workload_file", required=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="Workload YAML.")
+@click.option("--profile", "profile_file", required=True,
+              type=click.Path(dir_okay=False, path_type=Path), help="`epdctl profile` JSON.")
+@click.option("--gpus", type=int, help="GPU (or worker) budget.")
+@click.option("--slo", help="Targets, e.g. ttft=500ms,tpot=50ms.")
+@click.option("--max-util", type=float, default=0.85, show_default=True,
+              help="Highest utilisation any role may run at.")
+@click.option("--write", "write_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the topology with the recommended counts (peak hour) here.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | None,
+         slo: str | None, max_util: float, write_out: Path | None, as_json: bool) -> None:
+    """Recommend the Encoder:Prefill:Decode split for a workload from a measured profile."""
+    from epdctl.bench import planner
+    from epdctl.bench.workload import load_workload
+    from epdctl.topology import load_topology
+
+    if not 0 < max_util <= 1:
+        raise click.BadParameter("--max-util must be in (0, 1]")
+    topo = load_topology(topology)
+    cost, unit = _cost_per_worker(topo)
+    w = load_workload(workload_file)
+    prof = planner.Profile.from_dict(_read_json(profile_file, "profile"), str(profile_file))
+    targets = planner.parse_slo(slo)
+    rate = w.rate if w.rate is not None else (max(w.hours.values()) if w.hours else None)
+    if rate is None:
+        raise EpdctlError(f"{workload_file}: the planner needs a request rate (`rate:` or "
+                          "`hours:`); a concurrency-only workload has no arrival rate")
+    base = planner.Demand(rate, w.mean_images, w.repeat, w.prompt_tokens, w.max_tokens)
+    kw = dict(gpus=gpus, cost_per=cost, max_util=max_util, unit=unit)
+    hours = planner.recommend_hours(prof, base, w.hours, targets, **kw) if w.hours else {}
+    peak_rate = max([rate, *w.hours.values()]) if w.hours else rate
+    peak = planner.recommend(prof, planner.Demand(peak_rate, *list(base.__dict__.values())[1:]),
+                             targets, **kw)
+    doc = {"topology": str(topology), "workload": w.describe(), "peak": peak.to_dict(),
+           "hours": {str(h): r.to_dict() for h, r in hours.items()}}
+    if write_out and peak.feasible:
+        src = yaml.safe_load(topology.read_text())
+        mpath = (src.get("model") or {}).get("path")
+        if isinstance(mpath, str) and mpath.startswith(("./", "../")):  # keep it findable
+            src["model"]["path"] = str((topology.parent / mpath).resolve())
+        new = planner.retopology(src, peak.split.counts)
+        write_out.parent.mkdir(parents=True, exist_ok=True)
+        write_out.write_text(f"# epdctl plan: E:P:D {peak.split.ratio()} for {w.describe()}\n"
+                             + yaml.safe_dump(new, sort_keys=False))
+        try:
+            load_topology(write_out)
+        except EpdctlError as e:
+            raise EpdctlError(f"wrote {write_out}, but it does not validate (fix by hand, e.g. "
+                              f"widen ports.limit):\n{e}") from None
+        doc["written"] = str(write_out)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+    else:
+        click.echo(f"workload {w.describe()}")
+        click.echo(f"peak {peak_rate:g} req/s:")
+        for line in peak.explain():
+            click.echo("  " + line)
+        for h, r in hours.items():
+            s = r.split
+            click.echo(f"  hour {h:02d} ({r.demand.rate:g} req/s): {s.ratio()} ({s.cost} {unit}), "
+                       f"bottleneck {s.bottleneck}" + ("" if r.feasible else "  INFEASIBLE"))
+        if "written" in doc:
+            click.echo(f"wrote {write_out} (validated)")
+        elif write_out:
+            click.echo(f"not written: {write_out} (no feasible split)")
+    if not peak.feasible:
+        raise SystemExit(2)

@@ -1,0 +1,226 @@
+"""`epdctl rebalance` (live role reassignment) and `epdctl history` (its audit trail)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from typing import Any
+
+import click
+
+from epdctl.errors import EpdctlError, StateError
+from epdctl.state import ClusterDir, ClusterState, resolve_cluster
+
+
+def _cluster(arg: str | None) -> tuple[ClusterDir, ClusterState]:
+    from epdctl.commands.cluster import _cluster_arg
+
+    cdir = resolve_cluster(_cluster_arg(arg))
+    state = cdir.load()
+    if state is None:
+        raise StateError(f"cluster {cdir.name!r} is not recorded; start it with `epdctl up`")
+    if state.phase != "running":
+        raise StateError(f"cluster {cdir.name!r} is {state.phase}, not running; wait for `up` "
+                         "to finish (or check `epdctl status`)")
+    return cdir, state
+
+
+def _print_plan(rp: Any) -> None:
+    from epdctl.rebalance.plan import commands_diff, topology_diff
+
+    click.echo("moves, in order:")
+    for i, m in enumerate(rp.moves, 1):
+        click.echo(f"  {i}. {m.worker} ({m.old_role}) -> {m.new_name} ({m.new_role}) on "
+                   f"{','.join(m.nodes)}, port {m.port}")
+    click.echo("\ntopology:")
+    for ln in topology_diff(rp):
+        click.secho(ln, fg="green" if ln.startswith("+") else "red" if ln.startswith("-")
+                    else None)
+    click.echo("\nrendered commands:")
+    for ln in commands_diff(rp):
+        click.secho(ln, fg="green" if ln.startswith("+") else "red" if ln.startswith("-")
+                    else None)
+    click.echo("\nprefills are not restarted: their encoder list changes live through their "
+               "encoder registries")
+
+
+def _on_step(step: Any) -> None:
+    if step.detail == "ok":
+        click.echo(f"  [{step.move}] {step.step:<8} {step.seconds:6.2f}s")
+    elif step.step == "rollback" and step.detail:
+        click.secho(f"  [{step.move}] ROLLBACK: {step.detail}", fg="yellow")
+    elif step.step == "done":
+        click.secho(f"  [{step.move}] done in {step.seconds:.1f}s", fg="green")
+
+
+def _execute(cdir: ClusterDir, rp: Any, request: dict[str, Any], opts: Any) -> dict[str, Any]:
+    from epdctl.launchers import get_launcher
+    from epdctl.rebalance.execute import Executor
+
+    with cdir.lock("rebalance"):
+        state = cdir.load()
+        assert state is not None
+        launcher = get_launcher(state.launcher)
+        try:
+            return Executor(rp, cdir, state, launcher, opts, on_step=_on_step).run(request)
+        finally:
+            close = getattr(launcher, "close", None)
+            if close is not None:
+                close()
+
+
+def _report(rec: dict[str, Any]) -> None:
+    colour = {"done": "green", "rolled_back": "yellow"}.get(rec["outcome"], "red")
+    click.secho(f"rebalance {rec['id']}: {rec['outcome']}", fg=colour)
+    for m in rec["moves"]:
+        if m["error"]:
+            click.echo(f"  {m['move']['worker']} -> {m['move']['new_name']}: {m['outcome']} "
+                       f"({m['error']})")
+    if rec["outcome"] != "done":
+        raise SystemExit(1)
+
+
+@click.command()
+@click.argument("cluster", required=False)
+@click.option("--encoder", "d_encoder", default=None, help="Change in encoders, e.g. +2.")
+@click.option("--prefill", "d_prefill", default=None, help="Change in prefills, e.g. -1.")
+@click.option("--decode", "d_decode", default=None, help="Change in decodes, e.g. -1.")
+@click.option("--from", "source", type=click.Choice(["encoder", "prefill", "decode"]),
+              default=None, help="Role that gives up the workers the others gain.")
+@click.option("--dry-run", is_flag=True, help="Show the plan, change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--drain-timeout", type=float, default=120.0, show_default=True,
+              help="Seconds a worker may take to finish its in-flight requests.")
+@click.option("--timeout", type=float, default=300.0, show_default=True,
+              help="Seconds a worker may take to become healthy in its new role.")
+@click.option("--no-verify", is_flag=True, help="Skip the post-move link check (canary).")
+@click.option("--auto", "auto", is_flag=True, help="Run the policy loop instead.")
+@click.option("--apply", "auto_apply", is_flag=True, help="--auto: apply moves (else propose).")
+@click.option("--interval", type=float, default=5.0, show_default=True, help="--auto: seconds.")
+@click.option("--iterations", type=int, default=0, help="--auto: stop after N samples (0: never).")
+@click.option("--sustain", type=int, default=3, show_default=True,
+              help="--auto: samples in a row that must agree before a move.")
+@click.option("--cooldown", type=float, default=120.0, show_default=True,
+              help="--auto: seconds after a move with no further move.")
+@click.option("--queue-high", type=float, default=4.0, show_default=True,
+              help="--auto: per-worker queue that makes a role short.")
+@click.option("--queue-low", type=float, default=0.5, show_default=True,
+              help="--auto: per-worker queue at which a role may give a worker.")
+@click.option("--ttft-target", type=float, default=None, help="--auto: TTFT target (s).")
+def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
+              d_decode: str | None, source: str | None, dry_run: bool, yes: bool,
+              drain_timeout: float, timeout: float, no_verify: bool, auto: bool,
+              auto_apply: bool, interval: float, iterations: int, sustain: int,
+              cooldown: float, queue_high: float, queue_low: float,
+              ttft_target: float | None) -> None:
+    """Move workers of a running CLUSTER between roles without dropping requests.
+
+    Example: `epdctl rebalance --encoder +1 --from decode`. Each moved worker is drained,
+    restarted in its new role, re-registered and link-checked; a failed start rolls back.
+    """
+    from epdctl.rebalance.current import current_topology
+    from epdctl.rebalance.execute import Options
+    from epdctl.rebalance.plan import parse_delta, plan_rebalance
+
+    cdir, state = _cluster(cluster)
+    topo = current_topology(cdir, state)
+    opts = Options(engine=topo.engine, model=state.model, api_key_env=state.api_key_env,
+                   ready_timeout=timeout, drain_timeout=drain_timeout, verify=not no_verify)
+    if auto:
+        from epdctl.rebalance.auto import Policy
+
+        policy = Policy(high=queue_high, low=queue_low, ttft_target=ttft_target,
+                        sustain=sustain, cooldown=cooldown)
+        _auto_loop(cdir, policy, opts, auto_apply, interval, iterations)
+        return
+    deltas = {"encoder": parse_delta(d_encoder, "--encoder"),
+              "prefill": parse_delta(d_prefill, "--prefill"),
+              "decode": parse_delta(d_decode, "--decode")}
+    rp = plan_rebalance(topo, deltas, source)
+    _print_plan(rp)
+    if dry_run:
+        click.echo("\n(dry run: nothing changed)")
+        return
+    if not yes and not click.confirm(f"\napply {len(rp.moves)} move(s) to cluster "
+                                     f"{state.name}?", default=False):
+        raise click.exceptions.Abort()
+    request = {"deltas": {k: v for k, v in deltas.items() if v}, "from": source}
+    _report(_execute(cdir, rp, request, opts))
+
+
+def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: float,
+               iterations: int) -> None:
+    from epdctl.rebalance.auto import AutoState, Collector, decide
+    from epdctl.rebalance.current import current_topology
+    from epdctl.rebalance.plan import plan_rebalance
+    from epdctl.render import build_plan
+
+    st, n = AutoState(), 0
+    click.echo(f"auto-rebalance of {cdir.name}: sample every {interval:.0f}s, "
+               f"{'applying' if apply else 'proposing'} moves (Ctrl-C to stop)")
+    collector: Collector | None = None
+    while iterations <= 0 or n < iterations:
+        n += 1
+        state = cdir.load()
+        if state is None:
+            raise EpdctlError(f"cluster {cdir.name!r} is no longer recorded (stopped?)")
+        topo = current_topology(cdir, state)
+        plan = build_plan(topo)
+        if collector is None:
+            prom = (f"http://{plan.router.host}:{plan.router.prometheus_port}"
+                    if plan.router else None)
+            collector = Collector(prom)
+        sample = collector.sample(time.time(), plan.workers)
+        prop, st = decide(policy, st, sample)
+        q = " ".join(f"{r}={sample.counts[r]}w/{sample.queue[r]:.0f}q" for r in sample.counts)
+        click.echo(f"{time.strftime('%H:%M:%S')} {q} streak={st.streak}")
+        if prop is not None:
+            click.secho(f"  proposal: +1 {prop.target} from {prop.source} ({prop.reason})",
+                        fg="cyan")
+            if apply:
+                try:
+                    rp = plan_rebalance(topo, {prop.target: 1}, prop.source)
+                    rec = _execute(cdir, rp, {"deltas": {prop.target: 1}, "from": prop.source,
+                                              "auto": True, "reason": prop.reason}, opts)
+                    click.echo(f"  applied: {rec['outcome']}")
+                except EpdctlError as e:
+                    click.secho(f"  not applied: {e}", fg="yellow")
+        if iterations <= 0 or n < iterations:
+            time.sleep(interval)
+
+
+@click.command()
+@click.argument("cluster", required=False)
+@click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
+def history(cluster: str | None, as_json: bool) -> None:
+    """Every rebalance of CLUSTER: who, when, what moved, outcome and step durations."""
+    from epdctl.commands.cluster import _cluster_arg
+    from epdctl.rebalance import history as hist
+
+    name = _cluster_arg(cluster)
+    cdir = ClusterDir(name) if name else resolve_cluster(None)
+    records = hist.read(cdir.root)
+    if as_json:
+        for rec in records:
+            click.echo(json.dumps(rec, sort_keys=True))
+        return
+    if not records:
+        click.echo(f"cluster {cdir.name!r}: no rebalance recorded")
+        return
+    for rec in records:
+        when = _dt.datetime.fromtimestamp(rec.get("started", 0), _dt.timezone.utc)
+        took = float(rec.get("finished", 0)) - float(rec.get("started", 0))
+        req = " ".join(f"--{k} {v:+d}" for k, v in (rec.get("request", {}).get("deltas") or {}
+                                                    ).items())
+        src = rec.get("request", {}).get("from")
+        click.echo(f"{when:%Y-%m-%d %H:%M:%S}Z  {rec.get('id')}  {rec.get('who')}  "
+                   f"{req}{f' --from {src}' if src else ''}  -> {rec.get('outcome')} "
+                   f"({took:.1f}s)")
+        for m in rec.get("moves", []):
+            mv = m["move"]
+            steps = " ".join(f"{k}={v:.2f}s" for k, v in m.get("steps", {}).items())
+            click.echo(f"    {mv['worker']} ({mv['old_role']}) -> {mv['new_name']} "
+                       f"({mv['new_role']}): {m['outcome']}  {steps}")
+            if m.get("error"):
+                click.echo(f"      error: {m['error']}")

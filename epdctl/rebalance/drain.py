@@ -1,0 +1,197 @@
+"""Per-role control points of a live move: take a worker out of rotation, drain it, put it back.
+
+prefill/decode: the router (smg ``DELETE /workers/{id}``, asynchronous: wait until it is gone
+from ``GET /workers``), then in-flight work to zero from ``/v1/loads``; SGLang workers are also
+paused (``POST /pause_generation``) so nothing new starts before the stop.
+encoder: unregistered from every prefill's encoder registry (SGLang's EncoderBootstrapServer
+API); it is idle once its queue is empty and its request counter stops moving.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any, Callable
+
+from epdctl.errors import ProbeError
+from epdctl.probes import get_loads, http
+from epdctl.routerctl import RouterClient
+
+log = logging.getLogger(__name__)
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$")
+
+
+class DrainError(ProbeError):
+    """A worker could not be taken out of rotation or did not go idle in time."""
+
+
+def _poll(check: Callable[[], bool], timeout: float, interval: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+# -- router (prefill / decode) ---------------------------------------------------------------
+
+def router_remove(client: RouterClient, url: str, timeout: float = 30.0) -> bool:
+    """Remove ``url`` from the router and wait until it is no longer listed.
+
+    Returns False when it was not registered (nothing to do)."""
+    rec = client.find(url)
+    if rec is None:
+        return False
+    client.remove_worker(rec.id)
+    if not _poll(lambda: client.find(url) is None, timeout):
+        raise DrainError(f"router {client.url} still lists {url} {timeout:.0f}s after "
+                         f"DELETE /workers/{rec.id}; see `epdctl logs router`")
+    return True
+
+
+def router_add(client: RouterClient, url: str, worker_type: str, *, bootstrap_port: int | None,
+               model: str | None, timeout: float = 60.0) -> str:
+    """Register through ``POST /workers`` and wait until the router calls it healthy."""
+    wid = client.add_worker(url, worker_type, bootstrap_port=bootstrap_port, model=model)
+
+    def ready() -> bool:
+        rec = client.find(url)
+        return rec is not None and rec.healthy
+    if not _poll(ready, timeout):
+        raise DrainError(f"router {client.url} accepted {url} as {worker_type} (id {wid}) but "
+                         f"it is not healthy after {timeout:.0f}s; see `epdctl logs router`")
+    return wid
+
+
+# -- encoder registries (on every prefill) ---------------------------------------------------
+
+def list_encoders(registry: str) -> list[str]:
+    """``GET /list_encoder_urls`` of one prefill's registry."""
+    r = http("GET", registry.rstrip("/") + "/list_encoder_urls", timeout=5.0)
+    doc = r.json()
+    if not r.ok or not isinstance(doc, dict) or not isinstance(doc.get("encoder_urls"), list):
+        raise DrainError(f"encoder registry {registry}: GET /list_encoder_urls -> "
+                         f"HTTP {r.status} {r.error}")
+    return [str(u).rstrip("/") for u in doc["encoder_urls"]]
+
+
+def unregister_encoder(registries: list[str], url: str) -> list[str]:
+    """Remove ``url`` from every registry; returns those that had it. 404 = already gone."""
+    had = []
+    for reg in registries:
+        r = http("DELETE", reg.rstrip("/") + "/unregister_encoder_url", {"url": url}, timeout=5.0)
+        if r.ok:
+            had.append(reg)
+        elif r.status != 404:
+            raise DrainError(f"encoder registry {reg}: DELETE /unregister_encoder_url {url} -> "
+                             f"HTTP {r.status} {r.error or r.body[:200].decode(errors='replace')}")
+    return had
+
+
+def register_encoder(registries: list[str], url: str, timeout: float = 30.0) -> None:
+    """Add ``url`` to every registry and wait until each lists it as healthy."""
+    for reg in registries:
+        r = http("POST", reg.rstrip("/") + "/register_encoder_url", {"url": url}, timeout=5.0)
+        if not r.ok:
+            raise DrainError(f"encoder registry {reg}: POST /register_encoder_url {url} -> "
+                             f"HTTP {r.status} {r.error or r.body[:200].decode(errors='replace')}")
+    want = url.rstrip("/")
+    for reg in registries:
+        if not _poll(lambda: want in list_encoders(reg), timeout):
+            raise DrainError(f"encoder registry {reg} does not list {url} as healthy after "
+                             f"{timeout:.0f}s")
+
+
+# -- in-flight work ----------------------------------------------------------------------------
+
+def loads_idle(url: str) -> bool:
+    """No running or waiting request per ``/v1/loads``; a worker without it counts as idle."""
+    load = get_loads(url)
+    return load is None or (load.running == 0 and load.waiting == 0)
+
+
+def wait_loads_idle(url: str, timeout: float) -> None:
+    if not _poll(lambda: loads_idle(url), timeout):
+        raise DrainError(f"{url} still has requests in flight after {timeout:.0f}s (/v1/loads)")
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Prometheus text -> {series name: value summed over labels}."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m and not line.startswith("#"):
+            try:
+                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+            except ValueError:
+                continue
+    return out
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A worker's ``/metrics`` (empty when it serves none)."""
+    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
+    return metric_values(r.body.decode(errors="replace")) if r.ok else {}
+
+
+def _sum(values: dict[str, float], suffix: str) -> float:
+    return sum(v for k, v in values.items() if k.endswith(suffix))
+
+
+def wait_encoder_idle(url: str, timeout: float, quiet: float = 1.0) -> None:
+    """Queue empty and the request counter unchanged for ``quiet`` seconds."""
+    deadline = time.monotonic() + timeout
+    last: float | None = None
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        m = scrape(url)
+        done = _sum(m, "requests_total")
+        if _sum(m, "queue_depth") > 0 or done != last:
+            last, since = done, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.2)
+    raise DrainError(f"encoder {url} still busy after {timeout:.0f}s (queue or requests moving)")
+
+
+def transfer_bytes(url: str) -> float:
+    """Bytes this worker moved over its transport (sent + received), from ``/metrics``."""
+    m = scrape(url)
+    return sum(v for k, v in m.items() if "transport_bytes" in k)
+
+
+# -- SGLang engine control ---------------------------------------------------------------------
+
+def pause_generation(url: str, mode: str = "abort") -> dict[str, Any]:
+    """SGLang ``POST /pause_generation``; the engine stops admitting (and aborts per ``mode``)."""
+    r = http("POST", url.rstrip("/") + "/pause_generation", {"mode": mode}, timeout=30.0)
+    if not r.ok:
+        raise DrainError(f"{url}: POST /pause_generation -> HTTP {r.status} {r.error}")
+    doc = r.json()
+    return doc if isinstance(doc, dict) else {"status": "ok"}
+
+
+def continue_generation(url: str) -> None:
+    """SGLang ``POST /continue_generation`` (undo a pause when a move is abandoned)."""
+    r = http("POST", url.rstrip("/") + "/continue_generation", {}, timeout=30.0)
+    if not r.ok:
+        raise DrainError(f"{url}: POST /continue_generation -> HTTP {r.status} {r.error}")
+
+
+def drain(role: str, url: str, *, engine: str, client: RouterClient | None,
+          registries: list[str], timeout: float) -> dict[str, Any]:
+    """Take one worker out of service and wait for it to go idle; what was done, for undo."""
+    done: dict[str, Any] = {"router": False, "registries": []}
+    if role == "encoder":
+        done["registries"] = unregister_encoder(registries, url)
+        wait_encoder_idle(url, timeout)
+        return done
+    if client is not None:
+        done["router"] = router_remove(client, url, timeout=timeout)
+    wait_loads_idle(url, timeout)
+    if engine == "sglang":
+        done["paused"] = pause_generation(url, "abort")
+    return done

@@ -1,0 +1,177 @@
+"""Rebalance planning (pure): deltas -> moves, constraints, pinned ports, replay, diffs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from epdctl.rebalance import history
+from epdctl.rebalance.plan import (Move, RebalanceError, commands_diff, parse_delta,
+                                   plan_rebalance, replay, role_counts, topology_diff)
+from epdctl.render import build_plan
+from epdctl.topology import load_topology, topology_from_text
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = str(ROOT / "models" / "tiny-qwen2vl")
+
+
+def local(enc: int = 1, pre: int = 1, dec: int = 2) -> object:
+    return topology_from_text(f"""
+name: rb
+engine: embedded
+model: {{path: {MODEL}, served_name: tiny, architecture: Qwen2VLForConditionalGeneration}}
+ports: {{base: 38500, limit: 38599}}
+transfer: {{backend: zmq}}
+nodes: [{{name: local, host: 127.0.0.1, shared: true}}]
+roles:
+  encoder: {{nodes: [local], count: {enc}}}
+  prefill: {{nodes: [local], count: {pre}}}
+  decode: {{nodes: [local], count: {dec}}}
+router: {{node: local, host: 127.0.0.1}}
+""")
+
+
+def gpu_topology(decode_nodes: str, decode_tp: int = 8) -> object:
+    return topology_from_text(f"""
+name: g
+engine: sglang
+model: {{path: /models/qwen, served_name: q, architecture: Qwen2VLForConditionalGeneration}}
+transfer: {{backend: mooncake}}
+nodes:
+  - {{name: e0, host: 10.0.0.1, gpus: 8}}
+  - {{name: p0, host: 10.0.0.2, gpus: 8}}
+  - {{name: d0, host: 10.0.0.3, gpus: 8}}
+  - {{name: d1, host: 10.0.0.4, gpus: 8}}
+  - {{name: d2, host: 10.0.0.5, gpus: 8}}
+  - {{name: d3, host: 10.0.0.6, gpus: 8}}
+defaults: {{host: node}}
+roles:
+  encoder: {{nodes: [e0], count: 8, tp: 1}}
+  prefill: {{nodes: [p0], count: 1, tp: 8}}
+  decode:
+    workers: {decode_nodes}
+    tp: {decode_tp}
+router: {{node: p0}}
+""")
+
+
+def test_encoder_from_decode_moves_the_last_decode_and_keeps_every_other_port() -> None:
+    topo = local()
+    rp = plan_rebalance(topo, {"encoder": 1}, "decode")
+    assert [(m.worker, m.new_name) for m in rp.moves] == [("decode-1", "encoder-1")]
+    assert role_counts(rp.after) == {"encoder": 2, "prefill": 1, "decode": 1}
+    assert role_counts(topo) == {"encoder": 1, "prefill": 1, "decode": 2}  # never mutated
+    before = {w.name: w for w in rp.plan_before.workers}
+    after = {w.name: w for w in rp.plan_after.workers}
+    for name in ("encoder-0", "prefill-0", "decode-0"):
+        assert after[name].port == before[name].port
+    assert after["encoder-1"].port == before["decode-1"].port
+    assert after["encoder-1"].argv[3] == "encoder"
+    pre = after["prefill-0"].argv
+    assert after["encoder-1"].url in pre[pre.index("--encoder-urls") + 1:]
+    assert rp.plan_after.router.port == rp.plan_before.router.port
+
+
+def test_balanced_deltas_and_several_moves_in_order() -> None:
+    rp = plan_rebalance(local(1, 1, 3), {"encoder": 2, "decode": -2})
+    assert [m.worker for m in rp.moves] == ["decode-2", "decode-1"]
+    assert [m.new_name for m in rp.moves] == ["encoder-1", "encoder-2"]
+    assert role_counts(rp.after) == {"encoder": 3, "prefill": 1, "decode": 1}
+
+
+def test_new_prefill_gets_fresh_bootstrap_ports_that_collide_with_nothing() -> None:
+    rp = plan_rebalance(local(2, 1, 1), {"prefill": 1}, "encoder")
+    (move,) = rp.moves
+    assert move.new_name == "prefill-1" and move.bootstrap_port and move.encoder_bootstrap_port
+    ports = [p for w in rp.plan_after.workers
+             for p in (w.port, w.bootstrap_port, w.encoder_bootstrap_port) if p]
+    ports += [rp.plan_after.router.port, rp.plan_after.router.prometheus_port]
+    assert len(ports) == len(set(ports))
+
+
+@pytest.mark.parametrize("deltas,source,msg", [
+    ({"encoder": 1}, "prefill", "at least one"),
+    ({"encoder": 2}, "decode", "at least one"),
+    ({"encoder": 1}, None, "node pool is fixed"),
+    ({}, None, "nothing to do"),
+    ({"decode": 1}, "decode", "also asked to grow"),
+    ({"gpu": 1}, None, "unknown role"),
+])
+def test_refused_before_anything_moves(deltas: dict, source: str | None, msg: str) -> None:
+    with pytest.raises(RebalanceError, match=msg):
+        plan_rebalance(local(), deltas, source)
+
+
+def test_parse_delta_reports_the_flag() -> None:
+    assert parse_delta("+2", "--encoder") == 2 and parse_delta("-1", "--decode") == -1
+    with pytest.raises(RebalanceError, match="--encoder 'two'"):
+        parse_delta("two", "--encoder")
+
+
+def test_multi_node_worker_moves_as_a_unit_only_into_a_matching_shape() -> None:
+    topo = gpu_topology("[{nodes: [d0, d1]}, {nodes: [d2], tp: 8}]", decode_tp=16)
+    rp = plan_rebalance(topo, {"prefill": 1}, "decode")  # the 1-node decode-1 fits a prefill
+    assert rp.moves[0].worker == "decode-1" and rp.moves[0].nodes == ("d2",)
+    # the 2-node decode-0 cannot become a 1-node prefill; with decode-1 gone it is the last one
+    with pytest.raises(RebalanceError):
+        plan_rebalance(topo, {"prefill": 2}, "decode")
+
+
+def test_multi_node_source_is_refused_when_the_target_is_single_node() -> None:
+    topo = gpu_topology("[{nodes: [d0, d1]}, {nodes: [d2, d3]}]", decode_tp=16)
+    with pytest.raises(RebalanceError, match="multi-node workers move as a unit"):
+        plan_rebalance(topo, {"prefill": 1}, "decode")
+
+
+def test_gpus_must_fit_and_node_ownership_is_checked() -> None:
+    topo = gpu_topology("[{nodes: [d0]}, {nodes: [d1]}]")
+    rp = plan_rebalance(topo, {"prefill": 1}, "decode")  # tp 8 decode -> tp 8 prefill fits
+    spec = next(w for w in rp.plan_after.workers if w.name == rp.moves[0].new_name)
+    assert spec.node == "d1" and "--disaggregation-mode" in spec.argv
+    # decode (8 GPUs) -> encoders need 1 GPU each: fits, but d1 then hosts an encoder while e0
+    # is the encoder node: allowed (d1 is wholly the encoder's now)
+    rp2 = plan_rebalance(topo, {"encoder": 1}, "decode")
+    assert role_counts(rp2.after)["encoder"] == 9
+
+
+def test_replay_reproduces_the_planned_layout_and_commands() -> None:
+    topo = local()
+    rp = plan_rebalance(topo, {"encoder": 1}, "decode")
+    again = replay(topo, list(rp.moves))
+    assert [(w.name, w.argv) for w in build_plan(again).workers] == \
+        [(w.name, w.argv) for w in rp.plan_after.workers]
+    back = plan_rebalance(again, {"decode": 1}, "encoder")
+    assert back.moves[0].worker == "encoder-1" and back.moves[0].new_name == "decode-1"
+    assert role_counts(back.after) == role_counts(topo)
+
+
+def test_history_round_trip_only_applies_done_moves(tmp_path: Path) -> None:
+    topo = local()
+    rp = plan_rebalance(topo, {"encoder": 1}, "decode")
+    m = rp.moves[0]
+    history.append(tmp_path, {"started": 10.0, "moves": [{"move": m.to_dict(), "outcome": "rolled_back"}]})
+    history.append(tmp_path, {"started": 20.0, "moves": [{"move": m.to_dict(), "outcome": "done"}]})
+    recs = history.read(tmp_path)
+    assert len(recs) == 2
+    assert history.applied_moves(recs) == [m]
+    assert history.applied_moves(recs, since=30.0) == []
+    assert Move.from_dict(m.to_dict()) == m
+
+
+def test_diffs_show_the_moved_worker_and_the_prefill_encoder_list() -> None:
+    rp = plan_rebalance(local(), {"encoder": 1}, "decode")
+    topo_lines = "\n".join(topology_diff(rp))
+    assert "-decode-1" in topo_lines and "+encoder-1" in topo_lines and "decode=1" in topo_lines
+    cmd = "\n".join(commands_diff(rp))
+    assert "+[local/encoder-1]" in cmd and "-[local/decode-1]" in cmd and "prefill-0" in cmd
+    assert "[local/decode-0]" not in cmd  # unchanged workers do not appear
+
+
+def test_example_topology_refusals_name_the_reason() -> None:
+    topo = load_topology(ROOT / "topologies" / "qwen2vl-epd.yaml")
+    with pytest.raises(RebalanceError, match="1 GPU\\(s\\) per node but a prefill worker needs 4"):
+        plan_rebalance(topo, {"prefill": 1}, "encoder")
+    # d0 holds both decodes and is not shared: an encoder there would mix roles on one node
+    with pytest.raises(RebalanceError, match="would not validate"):
+        plan_rebalance(topo, {"encoder": 1}, "decode")
