@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 # The pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
 .venv/bin/python -c 'import torch' 2>/dev/null || $PIP install torch==2.13.0
-$PIP install -e '.[runtime,mooncake,router,test]' 2>&1 | grep -v '^WARNING: Location' || true
+$PIP install -e '.[runtime,mooncake,router,test,bench]' 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 
 if [ "${EPDCTL_SETUP_SGLANG:-0}" = 1 ]; then

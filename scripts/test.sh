@@ -15,5 +15,10 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     -o DPkg::Lock::Timeout=300 "${need[@]}" >/dev/null
 fi
+# The tests bind fixed ports in 31000-39999, inside Linux's ephemeral range (32768-60999): keep
+# outgoing connections from grabbing them between a free-port check and the bind.
+if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
+  echo 31000-39999 > /proc/sys/net/ipv4/ip_local_reserved_ports
+fi
 EPDCTL_SETUP_SGLANG=${EPDCTL_SETUP_SGLANG:-1} bash scripts/setup.sh
 exec .venv/bin/python -m pytest -q "$@"

@@ -234,3 +234,22 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = plot_runs(runs, tmp_path / "p.png", title="t")
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_grafana_dashboard_uses_series_the_workers_export() -> None:
+    """Every epd_* series the dashboard queries is registered by a runtime server."""
+    import re
+
+    dash = json.loads((ROOT / "monitoring" / "grafana-epdctl.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert exprs and dash["uid"] == "epdctl-epd"
+    source = "".join(p.read_text() for p in (ROOT / "epdctl" / "runtime" / "servers").glob("*.py"))
+    source += (ROOT / "epdctl" / "runtime" / "servers" / "info.py").read_text()
+    names = {n for e in exprs for n in re.findall(r"\b(epd_[a-z_]+)", e)}
+    assert names
+    for full in sorted(names):
+        role, _, rest = full[len("epd_"):].partition("_")
+        base = re.sub(r"_(bucket|sum|count)$", "", rest)
+        prefixes = {"transport_" + base.removeprefix("transport_"), base}
+        assert f'Registry("epd_{role}")' in source, full
+        assert any(f'"{b}"' in source for b in prefixes), f"{full} is not exported by any worker"

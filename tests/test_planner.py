@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epdctl.bench import planner
+from epdctl.bench import plan_io, planner
 from epdctl.bench.planner import SLO, Demand, PlanError, Profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,13 +109,13 @@ def test_decode_curve_interpolates_and_saturates() -> None:
 @pytest.mark.parametrize("text,want", [("ttft=500ms,tpot=50ms", SLO(500.0, 50.0)),
                                        ("ttft=0.5s", SLO(500.0, None)), ("tpot=40", SLO(None, 40.0))])
 def test_parse_slo(text: str, want: SLO) -> None:
-    assert planner.parse_slo(text) == want
+    assert plan_io.parse_slo(text) == want
 
 
 @pytest.mark.parametrize("text", ["ttft", "latency=5ms", "ttft=fast", "tpot=-1ms"])
 def test_parse_slo_rejects_nonsense(text: str) -> None:
     with pytest.raises(PlanError, match="--slo"):
-        planner.parse_slo(text)
+        plan_io.parse_slo(text)
 
 
 def test_bad_profile_says_how_to_make_one() -> None:
@@ -128,14 +128,14 @@ def test_bad_profile_says_how_to_make_one() -> None:
 
 def test_retopology_changes_only_counts() -> None:
     doc = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
-    new = planner.retopology(doc, {"encoder": 3, "prefill": 2, "decode": 1})
+    new = plan_io.retopology(doc, {"encoder": 3, "prefill": 2, "decode": 1})
     assert [new["roles"][r]["count"] for r in planner.ROLES] == [3, 2, 1]
     assert doc["roles"]["encoder"]["count"] == 2  # the input is not modified
     assert {k: v for k, v in new.items() if k != "roles"} == {k: v for k, v in doc.items()
                                                               if k != "roles"}
     colocated = yaml.safe_load((ROOT / "topologies" / "local-colocated.yaml").read_text())
     with pytest.raises(PlanError, match="colocated"):
-        planner.retopology(colocated, {"encoder": 1, "prefill": 1, "decode": 1})
+        plan_io.retopology(colocated, {"encoder": 1, "prefill": 1, "decode": 1})
 
 
 def _epdctl(*args: str) -> subprocess.CompletedProcess:
@@ -191,3 +191,12 @@ def test_plan_cli_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     proc = _epdctl("plan", "topologies/local-colocated.yaml", "--workload", str(w),
                    "--profile", str(p))
     assert proc.returncode == 1 and "colocated" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_each_extra_worker_is_explained_by_the_constraint_that_needs_it() -> None:
+    rec = planner.recommend(prof(enc=10.0), Demand(4.0, 8, 0.0, 12, 16), SLO(ttft_ms=3000))
+    assert rec.split.encoder > 1 and "encoder" in rec.limits
+    assert "utilisation" in rec.limits["encoder"] or "TTFT" in rec.limits["encoder"]
+    assert "prefill" not in rec.limits or rec.split.prefill > 1
+    text = "\n".join(rec.explain())
+    assert f"why {rec.split.encoder} encoder: with {rec.split.encoder - 1}" in text

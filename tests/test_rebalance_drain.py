@@ -221,3 +221,19 @@ def test_router_register_and_remove_a_recorded_sglang_decode(router: RouterClien
     done = dr.drain("decode", fake.url, engine="sglang", client=router, registries=[],
                     timeout=30)
     assert done["router"] is False and done["paused"]
+
+
+def test_auto_collector_reads_queues_per_role_from_recorded_answers(fake: FakeSglang) -> None:
+    from types import SimpleNamespace
+
+    from epdctl.rebalance.auto import Collector
+
+    fake.busy_polls = 10**9  # stay on the busy fixtures
+    workers = [SimpleNamespace(role="encoder", url=fake.url, is_leader=True),
+               SimpleNamespace(role="prefill", url=fake.url, is_leader=True),
+               SimpleNamespace(role="decode", url=fake.url, is_leader=True),
+               SimpleNamespace(role="decode", url=fake.url, is_leader=False)]  # rank 1: skipped
+    s = Collector(prometheus_url=None).sample(1.0, workers)
+    assert s.counts == {"encoder": 1, "prefill": 1, "decode": 1}
+    # encoder: queue_depth 2; prefill/decode: 5 running + 1 waiting over two dp ranks
+    assert s.queue == {"encoder": 2.0, "prefill": 6.0, "decode": 6.0} and s.ttft is None

@@ -175,3 +175,95 @@ def test_example_topology_refusals_name_the_reason() -> None:
     # d0 holds both decodes and is not shared: an encoder there would mix roles on one node
     with pytest.raises(RebalanceError, match="would not validate"):
         plan_rebalance(topo, {"encoder": 1}, "decode")
+
+
+# -- the command, on a recorded cluster (no processes needed for planning and history) ----------
+
+def _record_cluster(tmp_path: Path, launcher: str = "local") -> tuple[dict[str, str], Path]:
+    import os
+
+    from epdctl.state import ClusterDir, ClusterState
+
+    topo_path = tmp_path / "rb.yaml"
+    topo_path.write_text(f"""
+name: rb
+engine: embedded
+model: {{path: {MODEL}, served_name: tiny, architecture: Qwen2VLForConditionalGeneration}}
+ports: {{base: 38500, limit: 38599}}
+transfer: {{backend: zmq}}
+nodes: [{{name: local, host: 127.0.0.1, shared: true}}]
+roles:
+  encoder: {{nodes: [local], count: 1}}
+  prefill: {{nodes: [local], count: 1}}
+  decode: {{nodes: [local], count: 2}}
+router: {{node: local, host: 127.0.0.1}}
+""")
+    root = tmp_path / "state"
+    cdir = ClusterDir("rb", root)
+    cdir.save(ClusterState(name="rb", topology=str(topo_path), launcher=launcher,
+                           phase="running", created=1.0))
+    return dict(os.environ, EPDCTL_STATE_DIR=str(root)), cdir.root
+
+
+def _epdctl(env: dict[str, str], *args: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "epdctl", *args], env=env, text=True,
+                          capture_output=True, timeout=120)
+
+
+def test_dry_run_shows_both_diffs_and_changes_nothing(tmp_path: Path) -> None:
+    env, root = _record_cluster(tmp_path)
+    r = _epdctl(env, "rebalance", "rb", "--prefill", "+1", "--decode", "-1", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert "decode-1 (decode) -> prefill-1 (prefill)" in r.stdout
+    assert "+prefill-1" in r.stdout and "+[local/prefill-1]" in r.stdout and "dry run" in r.stdout
+    assert not (root / "history.jsonl").exists()
+
+
+def test_bad_input_is_one_clear_line_without_traceback(tmp_path: Path) -> None:
+    env, _ = _record_cluster(tmp_path)
+    for args, msg in ((("--encoder", "two"), "--encoder 'two' is not a count"),
+                      (("--encoder", "+2", "--from", "decode"), "a role must keep at least one"),
+                      (("--encoder", "+1"), "name a source with --from")):
+        r = _epdctl(env, "rebalance", "rb", *args, "--yes")
+        assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_slurm_clusters_are_refused_before_anything_moves(tmp_path: Path) -> None:
+    env, _ = _record_cluster(tmp_path, launcher="slurm")
+    r = _epdctl(env, "rebalance", "rb", "--encoder", "+1", "--from", "decode", "--yes")
+    assert r.returncode == 1 and "slurm launcher" in r.stderr
+
+
+def test_history_lists_records_and_the_layout_replays_them(tmp_path: Path) -> None:
+    env, root = _record_cluster(tmp_path)
+    assert "no rebalance recorded" in _epdctl(env, "history", "rb").stdout
+    rp = plan_rebalance(local(), {"encoder": 1}, "decode")
+    history.append(root, {"id": "abc", "who": "me@host", "started": 5.0, "finished": 40.0,
+                          "request": {"deltas": {"encoder": 1}, "from": "decode"},
+                          "outcome": "done",
+                          "moves": [{"move": rp.moves[0].to_dict(), "outcome": "done",
+                                     "steps": {"drain": 1.0, "ready": 20.0}, "error": ""}]})
+    text = _epdctl(env, "history", "rb").stdout
+    assert "abc  me@host  --encoder +1 --from decode  -> done (35.0s)" in text
+    assert "decode-1 (decode) -> encoder-1 (encoder): done  drain=1.00s ready=20.00s" in text
+    # the next plan starts from the replayed layout: encoder-1 exists, decode-1 does not
+    r = _epdctl(env, "rebalance", "rb", "--decode", "+1", "--from", "encoder", "--dry-run")
+    assert "encoder-1 (encoder) -> decode-1 (decode)" in r.stdout, r.stdout + r.stderr
+
+
+def test_ports_a_move_adds_must_be_free_before_anything_moves() -> None:
+    import socket
+
+    from epdctl.errors import LaunchError
+    from epdctl.rebalance.execute import _extra_ports_free
+
+    rp = plan_rebalance(local(2, 1, 1), {"prefill": 1}, "encoder")
+    _extra_ports_free(rp)  # nothing listens there
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", rp.moves[0].bootstrap_port))
+        s.listen()
+        with pytest.raises(LaunchError, match=f"prefill-1 port {rp.moves[0].bootstrap_port}"):
+            _extra_ports_free(rp)

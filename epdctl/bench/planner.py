@@ -170,18 +170,22 @@ class Recommendation:
     feasible: bool
     reasons: list[str]
     unit: str = "GPUs"
+    limits: dict[str, str] = field(default_factory=dict)
 
     def explain(self) -> list[str]:
         s = self.split
         util = ", ".join(f"{r} {s.utilisation[r]:.0%}" for r in ROLES)
         lines = [f"E:P:D = {s.ratio()} ({s.cost} {self.unit}); predicted TTFT {_fmt(s.ttft_ms)} ms, "
                  f"TPOT {_fmt(s.tpot_ms)} ms",
-                 f"utilisation: {util}; bottleneck: {s.bottleneck}"]
+                 f"utilisation: {util}; busiest role: {s.bottleneck}"]
+        lines += [f"why {n} {r}: {self.limits[r]}" for r in ROLES
+                  if (n := s.counts[r]) and r in self.limits]
         return lines + [("infeasible: " if not self.feasible else "note: ") + r for r in self.reasons]
 
     def to_dict(self) -> dict[str, Any]:
         return {"demand": self.demand.__dict__, "slo": self.slo.__dict__, "feasible": self.feasible,
-                "reasons": self.reasons, "unit": self.unit, **self.split.to_dict()}
+                "reasons": self.reasons, "unit": self.unit, "limits": self.limits,
+                **self.split.to_dict()}
 
 
 def _fmt(x: float) -> str:
@@ -252,7 +256,22 @@ def recommend(p: Profile, d: Demand, slo: SLO, *, gpus: int | None = None,
         return Recommendation(d, slo, best, False, reasons, unit)
     if gpus is not None and best.cost < gpus:
         reasons.append(f"{gpus - best.cost} of the {gpus} {unit} are not needed at this load")
-    return Recommendation(d, slo, best, True, reasons, unit)
+    limits = {r: _limit(p, d, slo, best, r, cost_per, max_util) for r in ROLES if best.counts[r] > 1}
+    return Recommendation(d, slo, best, True, reasons, unit, limits)
+
+
+def _limit(p: Profile, d: Demand, slo: SLO, s: Split, role: str, cost_per: dict[str, int],
+           max_util: float) -> str:
+    """What breaks with one worker fewer of ``role``: the constraint that sized it."""
+    fewer = evaluate(p, d, {**s.counts, role: s.counts[role] - 1}, cost_per)
+    if fewer.utilisation[role] > max_util:
+        return (f"with {s.counts[role] - 1} its utilisation would be "
+                f"{fewer.utilisation[role]:.0%} (> {max_util:.0%})")
+    if slo.ttft_ms is not None and fewer.ttft_ms > slo.ttft_ms:
+        return f"with {s.counts[role] - 1} TTFT would be {_fmt(fewer.ttft_ms)} ms (> {slo.ttft_ms:g} ms)"
+    if slo.tpot_ms is not None and fewer.tpot_ms > slo.tpot_ms:
+        return f"with {s.counts[role] - 1} TPOT would be {_fmt(fewer.tpot_ms)} ms (> {slo.tpot_ms:g} ms)"
+    return "ties on cost; this split has the lowest peak utilisation"
 
 
 def _decode_ok(s: Split, slo: SLO, max_util: float) -> bool:
@@ -271,43 +290,3 @@ def recommend_hours(p: Profile, base: Demand, hours: dict[int, float], slo: SLO,
     return {h: recommend(p, Demand(rate, base.images, base.repeat, base.prompt_tokens,
                                    base.output_tokens), slo, **kw)
             for h, rate in sorted(hours.items())}
-
-
-def parse_slo(text: str | None) -> SLO:
-    """``ttft=500ms,tpot=50ms`` (units ms or s; bare numbers are ms) -> SLO."""
-    if not text:
-        return SLO()
-    vals: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, raw = part.strip().partition("=")
-        key = key.strip().lower()
-        if not sep or key not in ("ttft", "tpot"):
-            raise PlanError(f"--slo {text!r}: expected ttft=500ms,tpot=50ms")
-        raw = raw.strip().lower()
-        scale = 1000.0 if raw.endswith("s") and not raw.endswith("ms") else 1.0
-        try:
-            v = float(raw.removesuffix("ms").removesuffix("s")) * scale
-        except ValueError:
-            raise PlanError(f"--slo {text!r}: {raw!r} is not a time like 500ms or 0.5s") from None
-        if v <= 0:
-            raise PlanError(f"--slo {text!r}: {key} must be > 0")
-        vals[key + "_ms"] = v
-    return SLO(**vals)
-
-
-def retopology(doc: dict[str, Any], counts: dict[str, int]) -> dict[str, Any]:
-    """A copy of a topology mapping with new role counts (``roles.<role>.count``)."""
-    roles = doc.get("roles") if isinstance(doc, dict) else None
-    if not isinstance(roles, dict) or not all(isinstance(roles.get(r), dict) for r in ROLES):
-        raise PlanError("the topology must define roles encoder, prefill and decode to be "
-                        "resized (a colocated topology has nothing to split)")
-    out = dict(doc)
-    out["roles"] = dict(roles)
-    for r in ROLES:
-        role = dict(roles[r])
-        if "workers" in role:
-            raise PlanError(f"roles.{r} lists its workers explicitly; give it `nodes` and `count` "
-                            "so the plan can change how many there are")
-        role["count"] = int(counts[r])
-        out["roles"][r] = role
-    return out

@@ -72,7 +72,8 @@ class Workload:
     def describe(self) -> str:
         imgs = ", ".join(f"{n}:{p:.2f}" for n, p in sorted(self.images.items()))
         load = (f"rate {self.rate:g}/s (Poisson)" if self.rate is not None
-                else f"concurrency {self.concurrency}")
+                else f"concurrency {self.concurrency}" if self.concurrency is not None
+                else "hourly rates only")
         stop = " or ".join(x for x in (f"{self.requests} requests" if self.requests else "",
                                        f"{self.duration:g}s" if self.duration else "") if x)
         return (f"{self.name}: images {{{imgs}}}, repeat {self.repeat:.0%}, max_tokens "

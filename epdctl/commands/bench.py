@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +56,19 @@ class _ProgressLine:
 
 
 def build_workload(path: Path | None, **flags: Any) -> Workload:
-    """A workload file (or the defaults) with command-line flags on top."""
+    """A workload file (or the defaults) with command-line flags on top.
+
+    A --rate on the command line replaces a file's concurrency and vice versa: the two are
+    different arrival processes, never combined.
+    """
     w = load_workload(path) if path else Workload(name="cli")
     images = flags.pop("images")
     if images is not None:
         flags["images"] = parse_images(int(images) if images.isdigit() else images, "--images")
     if flags.get("rate") is not None:
-        flags["concurrency"] = None
-        w = Workload(**{**w.__dict__, "concurrency": None})
+        w = replace(w, concurrency=None)
     elif flags.get("concurrency") is not None:
-        w = Workload(**{**w.__dict__, "rate": None})
+        w = replace(w, rate=None)
     w = w.with_(**flags)
     if w.rate is None and w.concurrency is None:
         raise WorkloadError("say how to load the server: --rate R (Poisson requests/s) or "
@@ -148,4 +152,5 @@ def bench(target: str | None, workload_file: Path | None, images: str | None,
         plot_runs(runs, plot_out, title=f"epdctl bench {resolved.target.base_url}")
         click.echo(f"wrote {plot_out}")
     if all(rep["ok"] == 0 for _, _, rep in runs):
+        click.secho("error: no request succeeded; see the errors above", fg="red", err=True)
         raise SystemExit(1)

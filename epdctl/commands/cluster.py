@@ -89,7 +89,11 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
 @click.option("--no-canary", is_flag=True, help="Skip the post-launch test request.")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="Seconds each role may take to become healthy.")
-def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float) -> None:
+@click.option("--accept-new-host-keys", is_flag=True,
+              help="ssh launcher: trust and record the host keys of nodes never seen before "
+                   "(check their fingerprints first); a changed key is always refused.")
+def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float,
+       accept_new_host_keys: bool) -> None:
     """Start every worker and the router of TOPOLOGY, role by role, then run a canary."""
     topo, plan = _load_plan(topology)
     name = launcher_name or getattr(topo, "launcher", None) or "local"
@@ -101,8 +105,9 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     if api_key_env and not os.environ.get(api_key_env):
         raise LaunchError(f"the router's API key variable {api_key_env} (router.api_key_env in "
                           f"{topology}) is not set; export it before `epdctl up`")
+    extra = {"accept_new_host_keys": True} if accept_new_host_keys else {}
     launcher = (get_launcher(name) if name == "local"
-                else get_launcher(name, topology=topo, cluster_dir=cdir.root))
+                else get_launcher(name, topology=topo, cluster_dir=cdir.root, **extra))
     try:
         with cdir.lock("up"):
             _refuse_if_running(cdir, launcher)
@@ -241,6 +246,10 @@ def logs(worker: str | None, cluster: str | None, follow: bool, lines: int) -> N
     from epdctl.launchers.base import tail
 
     cdir = _log_dir_cluster(_cluster_arg(cluster))
+    state = cdir.load()
+    if state is not None and state.launcher == "ssh":
+        _remote_logs(state, worker, follow, lines)
+        return
     available = sorted(p.stem for p in cdir.log_dir.glob("*.log"))
     if worker is not None and worker not in available:
         raise EpdctlError(f"no log for worker {worker!r} in cluster {cdir.name!r}; "
@@ -253,6 +262,29 @@ def logs(worker: str | None, cluster: str | None, follow: bool, lines: int) -> N
             click.echo(f"[{w}] {ln}" if prefix else ln)
     if follow:
         _follow({w: cdir.log(w) for w in chosen}, prefix)
+
+
+def _remote_logs(state: ClusterState, worker: str | None, follow: bool, lines: int) -> None:
+    """Logs of a running ssh cluster, read on the nodes (local files are only mirrors)."""
+    recs = {p.name: p for p in state.processes}
+    if worker is not None and worker not in recs:
+        raise EpdctlError(f"no worker {worker!r} in cluster {state.name!r}; "
+                          f"known: {', '.join(recs) or 'none'}")
+    chosen = [worker] if worker else list(recs)
+    if follow and len(chosen) > 1:
+        raise EpdctlError("--follow on an ssh cluster follows one worker: name it "
+                          f"(one of {', '.join(recs)})")
+    launcher = get_launcher(state.launcher)
+    prefix = len(chosen) > 1
+    try:
+        for w in chosen:
+            for ln in launcher.tail(to_handle(recs[w]), lines).splitlines():
+                click.echo(f"[{w}] {ln}" if prefix else ln)
+        if follow:
+            for ln in launcher.follow(to_handle(recs[chosen[0]])):
+                click.echo(ln)
+    finally:
+        _close(launcher)
 
 
 def _follow(paths: dict[str, Path], prefix: bool) -> None:

@@ -4,6 +4,7 @@ Encoder:Prefill:Decode for a workload and SLOs from that measurement."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,14 @@ def _cost_per_worker(topo: Any) -> tuple[dict[str, int], str]:
     return {k: max(1, v) for k, v in cost.items()}, "GPUs"
 
 
+def _split_arg(text: str) -> dict[str, int]:
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise click.BadParameter(f"{text!r}: expected E:P:D worker counts like 1:2:2",
+                                 param_hint="--compare")
+    return dict(zip(("encoder", "prefill", "decode"), map(int, parts)))
+
+
 @click.command("plan")
 @click.argument("topology", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--workload", "workload_file", required=True,
@@ -90,11 +99,14 @@ def _cost_per_worker(topo: Any) -> tuple[dict[str, int], str]:
               help="Highest utilisation any role may run at.")
 @click.option("--write", "write_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the topology with the recommended counts (peak hour) here.")
+@click.option("--compare", multiple=True, metavar="E:P:D",
+              help="Also predict this split at the peak rate (repeatable), e.g. 1:2:2.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | None,
-         slo: str | None, max_util: float, write_out: Path | None, as_json: bool) -> None:
+         slo: str | None, max_util: float, write_out: Path | None, compare: tuple[str, ...],
+         as_json: bool) -> None:
     """Recommend the Encoder:Prefill:Decode split for a workload from a measured profile."""
-    from epdctl.bench import planner
+    from epdctl.bench import plan_io, planner
     from epdctl.bench.workload import load_workload
     from epdctl.topology import load_topology
 
@@ -104,7 +116,7 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
     cost, unit = _cost_per_worker(topo)
     w = load_workload(workload_file)
     prof = planner.Profile.from_dict(_read_json(profile_file, "profile"), str(profile_file))
-    targets = planner.parse_slo(slo)
+    targets = plan_io.parse_slo(slo)
     rate = w.rate if w.rate is not None else (max(w.hours.values()) if w.hours else None)
     if rate is None:
         raise EpdctlError(f"{workload_file}: the planner needs a request rate (`rate:` or "
@@ -113,16 +125,18 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
     kw = dict(gpus=gpus, cost_per=cost, max_util=max_util, unit=unit)
     hours = planner.recommend_hours(prof, base, w.hours, targets, **kw) if w.hours else {}
     peak_rate = max([rate, *w.hours.values()]) if w.hours else rate
-    peak = planner.recommend(prof, planner.Demand(peak_rate, *list(base.__dict__.values())[1:]),
+    peak = planner.recommend(prof, replace(base, rate=peak_rate),
                              targets, **kw)
+    others = [planner.evaluate(prof, peak.demand, _split_arg(c), cost) for c in compare]
     doc = {"topology": str(topology), "workload": w.describe(), "peak": peak.to_dict(),
-           "hours": {str(h): r.to_dict() for h, r in hours.items()}}
+           "hours": {str(h): r.to_dict() for h, r in hours.items()},
+           "compare": [o.to_dict() for o in others]}
     if write_out and peak.feasible:
         src = yaml.safe_load(topology.read_text())
         mpath = (src.get("model") or {}).get("path")
         if isinstance(mpath, str) and mpath.startswith(("./", "../")):  # keep it findable
             src["model"]["path"] = str((topology.parent / mpath).resolve())
-        new = planner.retopology(src, peak.split.counts)
+        new = plan_io.retopology(src, peak.split.counts)
         write_out.parent.mkdir(parents=True, exist_ok=True)
         write_out.write_text(f"# epdctl plan: E:P:D {peak.split.ratio()} for {w.describe()}\n"
                              + yaml.safe_dump(new, sort_keys=False))
@@ -139,6 +153,10 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
         click.echo(f"peak {peak_rate:g} req/s:")
         for line in peak.explain():
             click.echo("  " + line)
+        for o in others:
+            click.echo(f"  compare {o.ratio()} ({o.cost} {unit}): predicted TTFT "
+                       f"{o.ttft_ms:.1f} ms, TPOT {o.tpot_ms:.1f} ms; utilisation "
+                       + ", ".join(f"{k} {v:.0%}" for k, v in o.utilisation.items()))
         for h, r in hours.items():
             s = r.split
             click.echo(f"  hour {h:02d} ({r.demand.rate:g} req/s): {s.ratio()} ({s.cost} {unit}), "

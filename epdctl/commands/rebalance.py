@@ -55,13 +55,16 @@ def _on_step(step: Any) -> None:
 
 
 def _execute(cdir: ClusterDir, rp: Any, request: dict[str, Any], opts: Any) -> dict[str, Any]:
+    """Run the plan under the cluster lock with the cluster's own launcher."""
     from epdctl.launchers import get_launcher
     from epdctl.rebalance.execute import Executor
 
     with cdir.lock("rebalance"):
         state = cdir.load()
-        assert state is not None
-        launcher = get_launcher(state.launcher)
+        if state is None:
+            raise StateError(f"cluster {cdir.name!r} was stopped while the rebalance was planned")
+        launcher = (get_launcher(state.launcher) if state.launcher == "local" else
+                    get_launcher(state.launcher, topology=rp.before, cluster_dir=cdir.root))
         try:
             return Executor(rp, cdir, state, launcher, opts, on_step=_on_step).run(request)
         finally:
@@ -124,6 +127,10 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
     from epdctl.rebalance.plan import parse_delta, plan_rebalance
 
     cdir, state = _cluster(cluster)
+    if state.launcher not in ("local", "ssh"):
+        raise EpdctlError(f"cluster {state.name!r} runs under the {state.launcher} launcher, "
+                          "which starts the whole cluster as one job and cannot restart a single "
+                          "worker; rebalance works for local and ssh clusters")
     topo = current_topology(cdir, state)
     opts = Options(engine=topo.engine, model=state.model, api_key_env=state.api_key_env,
                    ready_timeout=timeout, drain_timeout=drain_timeout, verify=not no_verify)

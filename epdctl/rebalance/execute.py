@@ -15,9 +15,10 @@ import http.client
 import logging
 import os
 import shlex
+import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -28,6 +29,7 @@ from epdctl.probes import probe_health
 from epdctl.rebalance import drain as dr
 from epdctl.rebalance import history, links
 from epdctl.rebalance.plan import Move, RebalancePlan, apply_move
+from epdctl.rebalance.steps import MoveResult, Step, Timer, summary
 from epdctl.render import build_plan
 from epdctl.render.plan import Plan, WorkerSpec
 from epdctl.routerctl import RouterClient
@@ -40,30 +42,6 @@ log = logging.getLogger(__name__)
 # the e2e test can make that start fail and exercise the rollback. Never set it in production.
 INJECT_ENV = "EPDCTL_REBALANCE_TEST_INJECT_ARGS"
 ROUTER_TYPES = {"prefill": "prefill", "decode": "decode"}
-
-
-@dataclass(frozen=True)
-class Step:
-    """Progress of one move, for the command to display."""
-
-    move: str          # "decode-1 -> encoder-1"
-    step: str          # drain | stop | start | ready | register | verify | rollback | done
-    seconds: float = 0.0
-    detail: str = ""
-
-
-@dataclass
-class MoveResult:
-    move: Move
-    outcome: str = "pending"      # done | rolled_back | failed | skipped
-    steps: dict[str, float] = field(default_factory=dict)
-    error: str = ""
-    link: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"move": self.move.to_dict(), "outcome": self.outcome,
-                "steps": {k: round(v, 3) for k, v in self.steps.items()},
-                "error": self.error, "link": self.link}
 
 
 @dataclass
@@ -100,6 +78,8 @@ class Executor:
         record: dict[str, Any] = {
             "id": uuid.uuid4().hex[:12], "cluster": self.state.name, "who": history.who(),
             "started": time.time(), "request": request, "moves": []}
+        if self.launcher.name == "local":
+            _extra_ports_free(self.rp)
         results = [MoveResult(m) for m in self.rp.moves]
         cur = self.rp.before
         try:
@@ -107,7 +87,7 @@ class Executor:
                 try:
                     cur = self._move(cur, res)
                 except BaseException as e:
-                    res.outcome, res.error = "failed", res.error or _summary(e)
+                    res.outcome, res.error = "failed", res.error or summary(e)
                     raise
                 if res.outcome != "done":
                     break
@@ -135,7 +115,7 @@ class Executor:
         old = _specs(plan_old, m.worker)
         new = _specs(plan_new, m.new_name)
         regs = _registries(plan_old, exclude=m.worker)
-        timed = _Timer(res, label, self.on_step)
+        timed = Timer(res, label, self.on_step)
         undo: dict[str, Any] = {}
         try:
             with timed("drain"):
@@ -162,7 +142,7 @@ class Executor:
                 with timed("verify"):
                     res.link = self._verify(new[0], m.new_role, plan_new)
         except EpdctlError as e:
-            res.error = _summary(e)
+            res.error = summary(e)
             self.on_step(Step(label, "rollback", detail=res.error))
             with timed("rollback"):
                 try:
@@ -265,24 +245,26 @@ class Executor:
                             attempts=self.opts.verify_attempts)
 
 
-class _Timer:
-    """``with timed("stop"):`` records the step's duration and reports it."""
+def _extra_ports_free(rp: RebalancePlan) -> None:
+    """Before anything moves: the ports a move adds (a new prefill's bootstrap ports) are free.
 
-    def __init__(self, res: MoveResult, label: str, on_step: Callable[[Step], None]):
-        self.res, self.label, self.on_step = res, label, on_step
-
-    def __call__(self, step: str) -> "_Timer":
-        self.step = step
-        return self
-
-    def __enter__(self) -> None:
-        self.t0 = time.monotonic()
-        self.on_step(Step(self.label, self.step))
-
-    def __exit__(self, *exc: Any) -> None:
-        self.res.steps[self.step] = time.monotonic() - self.t0
-        if exc[0] is None:
-            self.on_step(Step(self.label, self.step, self.res.steps[self.step], "ok"))
+    The HTTP port is not checked: the worker's old role still holds it until the stop."""
+    busy = []
+    for m in rp.moves:
+        spec = _specs(rp.plan_after, m.new_name)[0] if any(
+            w.name == m.new_name for w in rp.plan_after.workers) else None
+        for port in (m.bootstrap_port, m.encoder_bootstrap_port):
+            if port is None:
+                continue
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind((spec.host if spec else "127.0.0.1", int(port)))
+                except OSError:
+                    busy.append(f"{m.new_name} port {port}")
+    if busy:
+        raise LaunchError(f"ports the new layout needs are taken: {', '.join(busy)}; free them "
+                          "or change ports.base in the topology, then plan again")
 
 
 def _healthy(spec: WorkerSpec) -> bool:
@@ -293,12 +275,6 @@ def _healthy(spec: WorkerSpec) -> bool:
         return probe_health(spec.url, spec.health_path).ok
     except http.client.HTTPException:
         return False
-
-
-def _summary(e: BaseException) -> str:
-    """First line of an error plus the last log line it quotes (the worker's own reason)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()] or [type(e).__name__]
-    return lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
 
 
 def _specs(plan: Plan, worker: str) -> list[WorkerSpec]:
