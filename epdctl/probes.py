@@ -6,12 +6,12 @@ Each probe returns a value describing what it saw (never raises for a dead or sl
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import time
 import urllib.error
 import urllib.request
+from http.client import HTTPException
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -52,7 +52,7 @@ def http(method: str, url: str, body: Any = None, *, timeout: float = 3.0,
     except urllib.error.HTTPError as e:
         return HttpReply(e.code, e.read() or b"", error=f"HTTP {e.code}",
                          seconds=time.monotonic() - t0)
-    except (urllib.error.URLError, OSError, socket.timeout, http.client.HTTPException) as e:
+    except (urllib.error.URLError, OSError, socket.timeout, HTTPException) as e:
         # HTTPException: something that is not an HTTP server answered (e.g. a probe that
         # connected to itself through an ephemeral port), which is "not healthy", not a crash.
         reason = getattr(e, "reason", e)
