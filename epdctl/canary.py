@@ -60,8 +60,12 @@ def model_id(router_url: str, headers: dict[str, str]) -> str:
 
 def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | None = None,
                n_images: int = 3, seed: int | None = None, max_tokens: int = 48,
-               timeout: float = 120.0) -> CanaryResult:
-    """Send the request, parse the answer; ProbeError when no well-formed answer comes back."""
+               timeout: float = 120.0, plain: bool = True) -> CanaryResult:
+    """Send the request, parse the answer; ProbeError when no well-formed answer comes back.
+
+    ``plain`` draws white-background centred shapes (the canary's default); ``False`` draws the
+    varied ones (size, position, background) used to measure held-out accuracy.
+    """
     from epdctl import shapes  # PIL is imported only when a canary actually runs
 
     headers: dict[str, str] = {}
@@ -70,7 +74,7 @@ def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | 
         headers["Authorization"] = f"Bearer {key}"
     model = model or model_id(router_url, headers)
     rng = random.Random(seed if seed is not None else time.time_ns())
-    pngs, question, items = shapes.make_request(rng, n_images, plain=True)
+    pngs, question, items = shapes.make_request(rng, n_images, plain=plain)
     body = {"model": model, "messages": build_messages(pngs, question),
             "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
     t0 = time.monotonic()
@@ -91,3 +95,47 @@ def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | 
     return CanaryResult(question=question, expected=shapes.answer_for(items), answer=answer,
                         correct=named == n_images, named=named, n_images=n_images,
                         seconds=seconds, timings=dict(doc.get("timings") or {}), model=model)
+
+
+@dataclass
+class Accuracy:
+    """Held-out accuracy over many canary requests of the same size."""
+
+    n_images: int
+    plain: bool
+    requests: int
+    named: int                  # images named correctly, over all requests
+    correct_requests: int
+    seconds: float
+
+    @property
+    def per_image(self) -> float:
+        return self.named / (self.requests * self.n_images)
+
+    @property
+    def per_request(self) -> float:
+        return self.correct_requests / self.requests
+
+
+def measure_accuracy(router_url: str, *, n_images: int, requests: int, seed: int,
+                     plain: bool = False, model: str | None = None,
+                     api_key_env: str | None = None, parallel: int = 4) -> Accuracy:
+    """Send ``requests`` fresh requests (seeds ``seed``..``seed+requests-1``) and score them.
+
+    Why through the router: a correct answer proves embeddings crossed E->P and KV crossed P->D,
+    so this is the model's accuracy as served, not in one process.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> CanaryResult:
+        return run_canary(router_url, model=model, api_key_env=api_key_env, n_images=n_images,
+                          seed=seed + i, plain=plain, max_tokens=12 * n_images + 8,
+                          timeout=300.0)
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(parallel) as pool:
+        results = list(pool.map(one, range(requests)))
+    return Accuracy(n_images=n_images, plain=plain, requests=requests,
+                    named=sum(r.named for r in results),
+                    correct_requests=sum(r.correct for r in results),
+                    seconds=time.monotonic() - t0)
