@@ -32,7 +32,7 @@ GOLDEN = ROOT / "tests" / "golden" / "slurm"
 EXAMPLES = ROOT / "slurm"
 REGEN = os.environ.get("EPDCTL_REGEN_GOLDEN") == "1"
 # Rendered for SLURM: every topology whose launcher is slurm, plus the SGLang EPD example.
-RENDERED = ("deepseek-v3-pp4-ep32", "qwen2vl-epd", "slurm-local")
+RENDERED = ("deepseek-v3-pp4-ep32", "qwen2vl-epd", "slurm-local", "slurm-by-count")
 # Committed as ready-to-run examples (slurm-local's model path is the checkout's, so it is rendered
 # at `epdctl up` time instead).
 COMMITTED = ("deepseek-v3-pp4-ep32", "qwen2vl-epd")

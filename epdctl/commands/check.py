@@ -63,7 +63,11 @@ def render_table(report: CheckReport, transport: str, threshold: float) -> str:
 
 
 @click.command("check")
-@click.argument("topology", type=click.Path(dir_okay=False))
+@click.argument("topology", required=False)
+@click.option("--canary", "canary", is_flag=True,
+              help="On a running cluster (TOPOLOGY is then a cluster name or topology file, "
+                   "optional when one cluster is recorded): send requests to every "
+                   "encoder->prefill and prefill->decode pair and check bytes moved.")
 @click.option("--links", "with_links", is_flag=True,
               help="Also measure every transfer link (encoder->prefill, prefill->decode, PP).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
@@ -77,9 +81,25 @@ def render_table(report: CheckReport, transport: str, threshold: float) -> str:
               help="First port the link agents listen on (one per receiving NIC).")
 @click.option("--min-disk-gb", type=float, default=1.0, show_default=True,
               help="Free space required on the model's filesystem.")
-def check(topology: str, with_links: bool, as_json: bool, threshold: float, seconds: float,
-          agent_port: int, min_disk_gb: float) -> None:
-    """Preflight TOPOLOGY's nodes: RDMA ports, GPUs, limits, versions, ports; exit 1 on failure."""
+def check(topology: str | None, canary: bool, with_links: bool, as_json: bool, threshold: float,
+          seconds: float, agent_port: int, min_disk_gb: float) -> None:
+    """Preflight TOPOLOGY's nodes: RDMA ports, GPUs, limits, versions, ports; exit 1 on failure.
+
+    With --canary, check a running cluster's transfers pair by pair instead.
+    """
+    if canary:
+        from epdctl.commands.check_canary import check_canary
+
+        check_canary(topology, as_json)
+        return
+    if topology is None:
+        raise click.UsageError("missing argument TOPOLOGY (a topology file; with --canary, "
+                               "a running cluster)")
+    if not Path(topology).is_file():
+        hint = "" if topology.endswith((".yaml", ".yml")) else (
+            f" (to check the transfers of running cluster {topology!r}: "
+            f"`epdctl check --canary {topology}`)")
+        raise EpdctlError(f"topology file {topology} not found{hint}")
     topo, plan = _load(topology)
     report = run_check(topo, runners_for(topo), plan=plan, links=with_links,
                        threshold=threshold, seconds=seconds, agent_port=agent_port,

@@ -17,6 +17,7 @@ from epdctl.launchers.lifecycle import BringUp, tear_down, to_handle
 from epdctl.launchers.observe import observe
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 
+from epdctl.commands.preflight_gate import preflight_before_up
 from epdctl.commands.render_status import Progress, render_canary, render_status
 
 
@@ -92,9 +93,14 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
 @click.option("--accept-new-host-keys", is_flag=True,
               help="ssh launcher: trust and record the host keys of nodes never seen before "
                    "(check their fingerprints first); a changed key is always refused.")
+@click.option("--force", is_flag=True,
+              help="Launch even when a node preflight check fails (the failures are printed).")
+@click.option("--skip-preflight", is_flag=True,
+              help="Do not run the node preflight (`epdctl check TOPOLOGY`) before launching.")
 def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float,
-       accept_new_host_keys: bool) -> None:
-    """Start every worker and the router of TOPOLOGY, role by role, then run a canary."""
+       accept_new_host_keys: bool, force: bool, skip_preflight: bool) -> None:
+    """Preflight TOPOLOGY's nodes, start every worker and the router role by role, then run a
+    canary."""
     topo, plan = _load_plan(topology)
     name = launcher_name or getattr(topo, "launcher", None) or "local"
     if name not in launcher_names():
@@ -111,6 +117,7 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     try:
         with cdir.lock("up"):
             _refuse_if_running(cdir, launcher)
+            preflight_before_up(topo, plan, name, force=force, skip=skip_preflight)
             if name == "local":
                 _check_ports_free(plan)
             state = ClusterState(name=topo.name, topology=str(topology.resolve()),
@@ -134,14 +141,24 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     if no_canary or plan.router is None:
         return
     from epdctl.canary import run_canary
+    from epdctl.commands.canary_view import missing_transfers, render_deltas
+    from epdctl.pair_canary import byte_deltas
 
+    still = (f"the cluster is still running: inspect it with `epdctl status` and `epdctl logs`, "
+             f"stop it with `epdctl down {topo.name}`")
     try:
-        res = run_canary(plan.router.url, model=topo.model.served_name,
-                         api_key_env=api_key_env)
+        res, deltas = byte_deltas(plan.workers, lambda: run_canary(
+            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env))
     except ProbeError as e:
-        raise ProbeError(f"{e}\nthe cluster is still running: inspect it with `epdctl status` "
-                         f"and `epdctl logs`, stop it with `epdctl down {topo.name}`") from e
+        raise ProbeError(f"{e}\n{still}") from e
     click.echo(render_canary(res))
+    if topo.engine == "embedded":  # other engines' /metrics carry no epd transport counters
+        roles = {w.name: str(getattr(w.role, "value", w.role)) for w in plan.workers}
+        click.echo(render_deltas(deltas, roles))
+        missing = missing_transfers(deltas, roles)
+        if missing:
+            raise ProbeError(f"canary: {'; '.join(missing)} (answer {res.answer[:80]!r}); "
+                             f"per pair: `epdctl check --canary {topo.name}`\n{still}")
 
 
 @click.command()

@@ -31,6 +31,54 @@ def _health_cell(w: Any) -> tuple[str, str | None]:
     return w.health, "yellow"
 
 
+def _num(v: Any, fmt: str = "{:.0f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def fmt_bytes(n: float | None) -> str:
+    """1.2MB, 340kB, 12B."""
+    if n is None:
+        return "-"
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return f"{n:.0f}B"
+
+
+_FIG_HEAD = ("", "REQS", "TTFT p50/p99 ms", "TPOT p50 ms", "CACHE HIT", "SENT")
+
+
+def _fig_cells(name: str, f: dict[str, Any] | None) -> tuple[str, ...]:
+    if f is None:
+        return (name, "-", "-", "-", "-", "-")
+    ttft = ("-" if f["ttft_p50_ms"] is None
+            else f"{f['ttft_p50_ms']:.0f}/{_num(f['ttft_p99_ms'])}")
+    return (name, _num(f["requests"]), ttft, _num(f["tpot_p50_ms"], "{:.1f}"),
+            _num(f["cache_hit_rate"], "{:.0%}"), fmt_bytes(f["bytes_sent"]))
+
+
+def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) if rows else len(head[i])
+              for i in range(len(head))]
+    return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
+            for r in (head, *rows)]
+
+
+def render_figures(view: ClusterView) -> list[str]:
+    """The second table: per worker, per role and the router (cumulative since start)."""
+    rows = [_fig_cells(w.name, w.figures) for w in view.workers if w.role != "router"]
+    rows += [_fig_cells(f"all {role} ({f['workers']})", f)
+             for role, f in view.role_figures().items()]
+    if view.router_figures is not None:
+        rows.append(_fig_cells("router", {**view.router_figures, "ttft_p99_ms": None,
+                                          "tpot_p50_ms": None, "cache_hit_rate": None,
+                                          "bytes_sent": None}))
+    if not rows:
+        return []
+    return ["", "figures (cumulative since each process started; - = no /metrics):",
+            *_table(("WORKER", *_FIG_HEAD[1:]), rows)]
+
+
 def render_status(view: ClusterView, color: bool = True) -> str:
     """The table, per-role summary lines and the log tails of dead workers."""
     head = ("WORKER", "ROLE", "NODE", "PID", "UPTIME", "HEALTH", "RUN/WAIT", "ROUTER")
@@ -59,6 +107,7 @@ def render_status(view: ClusterView, color: bool = True) -> str:
         state = "ready" if view.router_ready else "NOT READY"
         out.append(f"router view: {state}" + (f" ({view.router_detail})"
                                               if view.router_detail else ""))
+    out += render_figures(view)
     for w in view.workers:
         if not w.alive:
             out += ["", f"--- {w.name} is dead; last lines of {w.log}:",

@@ -2,7 +2,9 @@
 
 Why reconcile rather than trust state.json: workers die behind epdctl's back. `status` shows
 what is true now (a dead worker is dead, with the last lines of its log), and the router's own
-view (`GET /workers`) tells whether traffic still goes to a worker.
+view (`GET /workers`) tells whether traffic still goes to a worker. Each worker's `/metrics`
+(and the router's Prometheus page) gives the key figures of `epdctl bench`, cumulative since
+start; a page that does not answer leaves the figures at None, it never fails `status`.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from epdctl.bench.scrape import parse_prometheus
+from epdctl.bench.target import cluster_endpoints
 from epdctl.errors import ProbeError
 from epdctl.launchers.base import Launcher, tail
 from epdctl.launchers.lifecycle import ROLE_ORDER, to_handle
-from epdctl.probes import Load, get_loads, probe_health
+from epdctl.metrics_summary import role_figures, router_figures, worker_figures
+from epdctl.probes import Load, get_loads, http, probe_health
 from epdctl.routerctl import RouterClient, RouterWorker
 from epdctl.state import ClusterState, ProcessRecord
 
@@ -37,6 +42,8 @@ class WorkerView:
     router: str = "-"             # the router's status for this worker; "-" when not routed
     log: str = ""
     log_tail: str = ""            # last lines of the log when the worker is dead
+    figures: dict[str, Any] | None = None  # metrics_summary.worker_figures; None: no /metrics
+    metrics: dict[str, float] | None = field(default=None, repr=False)  # raw scrape (not shown)
 
 
 @dataclass
@@ -50,6 +57,16 @@ class ClusterView:
     workers: list[WorkerView] = field(default_factory=list)
     router_ready: bool | None = None
     router_detail: str = ""
+    router_figures: dict[str, Any] | None = None  # None when its Prometheus page does not answer
+
+    def role_figures(self) -> dict[str, dict[str, Any]]:
+        """role -> figures over the workers whose /metrics answered, in start order."""
+        out: dict[str, dict[str, Any]] = {}
+        for role in ROLE_ORDER:
+            scraped = [w.metrics for w in self.workers if w.role == role and w.metrics]
+            if scraped:
+                out[role] = role_figures(role, scraped)
+        return out
 
     def summary(self) -> dict[str, tuple[int, int]]:
         """role -> (healthy, total), in start order."""
@@ -66,6 +83,10 @@ class ClusterView:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for w in d["workers"]:
+            w.pop("metrics", None)
+        d["figures"] = {"cumulative_since_start": True, "roles": self.role_figures(),
+                        "router": self.router_figures}
         d["summary"] = {r: {"ready": a, "total": b} for r, (a, b) in self.summary().items()}
         d["healthy"] = self.healthy
         return d
@@ -88,6 +109,17 @@ def _router_view(state: ClusterState) -> tuple[dict[str, RouterWorker], bool | N
     return by_url, ready, detail
 
 
+def _scrape(url: str) -> dict[str, float] | None:
+    r = http("GET", url, timeout=3.0)
+    return parse_prometheus(r.body.decode(errors="replace")) if r.ok else None
+
+
+def _router_figures(state: ClusterState) -> dict[str, Any] | None:
+    url = next((e.url for e in cluster_endpoints(state) if e.role == "router"), None)
+    samples = _scrape(url) if url else None
+    return router_figures(samples) if samples is not None else None
+
+
 def _worker_view(rec: ProcessRecord, launcher: Launcher, routed: dict[str, RouterWorker],
                  tail_lines: int) -> WorkerView:
     alive = launcher.is_alive(to_handle(rec))
@@ -101,6 +133,9 @@ def _worker_view(rec: ProcessRecord, launcher: Launcher, routed: dict[str, Route
         view.health, view.healthy = h.detail, h.ok
         if h.ok and rec.role != "router":
             view.load = get_loads(rec.url)
+            view.metrics = _scrape(rec.url.rstrip("/") + "/metrics")
+            if view.metrics is not None:
+                view.figures = worker_figures(rec.role, view.metrics)
     else:
         view.health, view.healthy = "alive (non-leader rank)", True
     rw = routed.get(rec.url.rstrip("/"))
@@ -116,6 +151,7 @@ def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> Cl
     view = ClusterView(name=state.name, topology=state.topology, phase=state.phase,
                        launcher=state.launcher)
     routed, view.router_ready, view.router_detail = _router_view(state)
+    view.router_figures = _router_figures(state)
     with ThreadPoolExecutor(max_workers=8) as pool:
         rows = pool.map(lambda r: _worker_view(r, launcher, routed, tail_lines),
                         state.processes)

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from epdctl.errors import Problem, TopologyError
+from epdctl.topology.allocation import counted_roles, synthesize
 from epdctl.topology.checks import run_checks
 from epdctl.topology.loader import Document, load_document, parse_yaml
 from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
@@ -47,11 +48,13 @@ def _build(doc: Document) -> Topology:
         d = r.mapping(top["defaults"], "defaults", SETTING_KEYS, "defaults")
         if d is not None:
             defaults = read_settings(r, d, "defaults", SETTING_KEYS)
-    nodes, node_layers = read_nodes(r, top)
-    workers = read_roles(r, top, {n.name: n for n in nodes}, node_layers, defaults, engine)
+    slurm = read_slurm(r, top)
+    nodes, node_layers = read_nodes(r, top, required=not counted_roles(top))
+    counted, counted_layers, role_nodes = synthesize(r, top, launcher, slurm, {n.name for n in nodes})
+    nodes, node_layers = nodes + counted, {**node_layers, **counted_layers}
+    workers = read_roles(r, top, {n.name: n for n in nodes}, node_layers, defaults, engine, role_nodes)
     transfer = read_transfer(r, top)
     router = read_router(r, top)
-    slurm = read_slurm(r, top)
     ports = read_ports(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")

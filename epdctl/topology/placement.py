@@ -6,14 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from epdctl.topology.loader import join
-from epdctl.topology.model import ROLE_ORDER, Node, Role, Worker
+from epdctl.topology.model import ROLE_ORDER, Node, Role, Settings, Worker
 from epdctl.topology.reader import Reader
 from epdctl.topology.schema import MAX_COUNT, ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
 
 
 def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]],
-               defaults: dict[str, Any], engine: str | None) -> tuple[Worker, ...]:
-    """Every worker of every role, in start order."""
+               defaults: dict[str, Any], engine: str | None,
+               counted: dict[str, tuple[str, ...]] | None = None) -> tuple[Worker, ...]:
+    """Every worker of every role, in start order; ``counted``: role -> nodes synthesized from its count."""
     raw = top.get("roles")
     if raw is None:
         r.problem("", "missing required key 'roles' (encoder/prefill/decode, or colocated)")
@@ -28,8 +29,11 @@ def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_laye
         path = f"roles.{role.value}"
         m = r.mapping(roles[role.value], path, ROLE_KEYS, f"role {role.value}")
         if m is not None:
-            workers.extend(_role_workers(r, role, m, path, nodes, node_layers, defaults, engine))
-    if not workers:
+            workers.extend(_role_workers(r, role, m, path, nodes, node_layers, defaults, engine,
+                                         (counted or {}).get(role.value)))
+    rejected = any(isinstance(v, dict) and _is_count(v.get("nodes")) and role not in (counted or {})
+                   for role, v in roles.items())  # already reported at roles.<role>.nodes
+    if not workers and not rejected:
         r.problem("roles", "no workers: define roles.prefill and roles.decode (plus roles.encoder for images), "
                            "or roles.colocated")
     _assign_gpus(r, workers, nodes, engine)
@@ -55,11 +59,18 @@ def _node_list(r: Reader, m: dict[str, Any], path: str, key: str, nodes: dict[st
 
 def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: dict[str, Node],
                   node_layers: dict[str, dict[str, Any]], defaults: dict[str, Any],
-                  engine: str | None) -> list[Worker]:
+                  engine: str | None, counted: tuple[str, ...] | None) -> list[Worker]:
     role_layer = read_settings(r, m, path, SETTING_KEYS)
-    role_nodes = _node_list(r, m, path, "nodes", nodes) if m.get("nodes") is not None else None
+    if counted is not None:
+        role_nodes: list[str] | None = list(counted)
+    elif _is_count(m.get("nodes")):
+        return []  # a node count the allocation reader already rejected (wrong launcher, out of range)
+    else:
+        role_nodes = _node_list(r, m, path, "nodes", nodes) if m.get("nodes") is not None else None
     count = r.get(m, path, "count", "int", minimum=0, maximum=MAX_COUNT)
     explicit = m.get("workers")
+    if count is None and explicit is None and role_nodes and counted is not None:
+        count = _workers_filling(role_nodes, nodes, merge_settings(defaults, role_layer), engine)
     if count is not None and explicit is not None:
         r.problem(join(path, "count"), "give either count (spread over the role's nodes) or a workers list, not both")
         return []
@@ -107,6 +118,19 @@ def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: di
         settings = merge_settings(defaults, role_layer, node_layers.get(group[0], {}))
         out.append(Worker(role=role, index=i, nodes=tuple(group), settings=settings, path=path))
     return out
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _workers_filling(role_nodes: list[str], nodes: dict[str, Node], base: Settings, engine: str | None) -> int:
+    """Default count for ``nodes: N`` without count: as many workers as fill the N nodes (at least one)."""
+    g = 0 if engine == "embedded" else base.gpus
+    per = nodes[role_nodes[0]].gpus
+    if g == 0 or per == 0 or g <= per:
+        return len(role_nodes)
+    return max(1, len(role_nodes) // -(-g // per))
 
 
 def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath: str, role_nodes: list[str] | None,

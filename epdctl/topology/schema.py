@@ -15,7 +15,7 @@ from epdctl.topology.reader import ENV_NAME, Reader
 
 ENGINES = ("sglang", "vllm", "embedded")
 LAUNCHERS = ("local", "ssh", "slurm")
-TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes", "roles",
+TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes", "node_defaults", "roles",
             "transfer", "router", "slurm", "ports")
 MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code")
 PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
@@ -109,11 +109,13 @@ def read_model(r: Reader, top: dict[str, Any]) -> Model | None:
                  trust_remote_code=r.get(m, "model", "trust_remote_code", "bool", default=False))
 
 
-def read_nodes(r: Reader, top: dict[str, Any]) -> tuple[tuple[Node, ...], dict[str, dict[str, Any]]]:
-    """Nodes plus each node's settings layer (its ``defaults``)."""
+def read_nodes(r: Reader, top: dict[str, Any], *, required: bool = True
+               ) -> tuple[tuple[Node, ...], dict[str, dict[str, Any]]]:
+    """Nodes plus each node's settings layer (its ``defaults``); optional when roles give node counts."""
     raw = top.get("nodes")
     if raw is None:
-        r.problem("", "missing required key 'nodes' (a list of machines with name and host)")
+        if required:
+            r.problem("", "missing required key 'nodes' (a list of machines with name and host)")
         return (), {}
     if not isinstance(raw, list) or not raw:
         r.problem("nodes", "nodes must be a non-empty list of mappings (- name: ..., host: ...)")
@@ -142,7 +144,7 @@ def read_nodes(r: Reader, top: dict[str, Any]) -> tuple[tuple[Node, ...], dict[s
                 ssh = SSH(user=r.get(s, sp, "user", "str"), port=r.get(s, sp, "port", "int", default=22, minimum=1,
                                                                        maximum=65535),
                           key=r.get(s, sp, "key", "str"), jump=r.get(s, sp, "jump", "str"))
-        nics = _read_nics(r, m, path)
+        nics = read_nics(r, m, path)
         setup = r.get(m, path, "setup", "strlist", default=())
         layer: dict[str, Any] = {}
         if m.get("defaults") is not None:
@@ -158,7 +160,7 @@ def read_nodes(r: Reader, top: dict[str, Any]) -> tuple[tuple[Node, ...], dict[s
     return tuple(nodes), layers
 
 
-def _read_nics(r: Reader, m: dict[str, Any], path: str) -> tuple[Nic, ...]:
+def read_nics(r: Reader, m: dict[str, Any], path: str) -> tuple[Nic, ...]:
     raw = m.get("nics")
     if raw is None:
         return ()
