@@ -16,7 +16,7 @@ pins = {n: md.version(n) for n in ("torch", "transformers", "numpy")}
 open(sys.argv[1], "w").write("".join(f"{n}=={v}\n" for n, v in pins.items()))
 PY
 $PIP install --no-deps sglang==0.5.23 vllm==0.33.0 2>&1 | grep -v '^WARNING: Location' || true
-$PIP install -c "$cons" orjson pybase64 triton starlette msgspec ipython \
+$PIP install -c "$cons" orjson pybase64 triton starlette msgspec ipython prometheus-client \
   cbor2 openai-harmony cloudpickle cachetools uvloop py-cpuinfo fastapi partial-json-parser \
   llguidance xgrammar 2>&1 | grep -v '^WARNING: Location' || true
 rm -f "$cons"

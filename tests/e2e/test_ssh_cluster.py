@@ -261,8 +261,12 @@ def test_runtime_that_fails_on_one_node_stops_the_others(sshd: SshdNodes, tmp_pa
             BringUp(plan, lau, cdir, state, timeout=600).run()
     msg = str(e.value)
     assert msg.startswith("[node-b/prefill-0] ")
-    assert "during startup; last lines of" in msg and missing in msg.split("last lines of", 1)[1]
-    assert [p.name for p in state.processes] == ["encoder-0", "prefill-0"]
+    # Found dead either by the launcher right after its start or by the readiness wait; both
+    # name the worker and show its log tail.
+    assert ("during startup; last lines of" in msg or "right after start; last lines of" in msg)
+    assert missing in msg.split("last lines of", 1)[1]
+    # prefill-0 is recorded only when it died after the launcher handed it back.
+    assert [p.name for p in state.processes] in (["encoder-0"], ["encoder-0", "prefill-0"])
     for p in state.processes:
         assert not _alive(p.pid), f"{p.name} still running after the failed up"
     assert _strays() == []

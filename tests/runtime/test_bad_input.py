@@ -236,13 +236,14 @@ async def _metrics(port: int) -> str:
         return await r.text()
 
 
-async def _wait_metric(port: int, name: str, predicate, timeout: float = 120.0) -> float:
+async def _wait_metric(port: int, name: str, predicate, timeout: float = 120.0,
+                       interval: float = 0.3) -> float:
     deadline = time.monotonic() + timeout
     while True:
         value = metric(await _metrics(port), name)
         if predicate(value) or time.monotonic() > deadline:
             return value
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(interval)
 
 
 def test_prefill_without_decode_times_out_and_frees_kv(workers):
@@ -276,18 +277,29 @@ def test_decode_without_prefill_times_out(workers):
     assert metric(run(_metrics(D)), "epd_decode_running_requests") == 0
 
 
-def test_client_disconnect_mid_stream_aborts(workers, model_dir):
-    from epdctl.runtime.model import load_bundle
+_LONG_ANSWER: dict[str, int] = {}
 
-    bundle = load_bundle(str(model_dir), role="colocated")
-    max_tokens, chosen = 120, None
-    for i in range(20, 26):  # a prompt whose greedy answer does not end early
-        _, tokens, _ = reference_generate(bundle, [make_image(i)], image_messages(1, "count the images"), max_tokens)
-        if len(tokens) == max_tokens and not set(tokens) & set(bundle.eos_token_ids):
-            chosen = i
-            break
-    assert chosen is not None, "no test prompt generates 120 tokens without EOS on this model"
-    del bundle
+
+def _long_answer_image(model_dir, max_tokens: int = 120) -> int:
+    """An image whose greedy answer runs max_tokens without EOS, so a request stays in flight."""
+    key = f"{model_dir}:{max_tokens}"
+    if key not in _LONG_ANSWER:
+        from epdctl.runtime.model import load_bundle
+
+        bundle = load_bundle(str(model_dir), role="colocated")
+        for i in range(20, 26):
+            _, tokens, _ = reference_generate(bundle, [make_image(i)], image_messages(1, "count the images"), max_tokens)
+            if len(tokens) == max_tokens and not set(tokens) & set(bundle.eos_token_ids):
+                _LONG_ANSWER[key] = i
+                break
+        del bundle
+    assert key in _LONG_ANSWER, f"no test prompt generates {max_tokens} tokens without EOS on this model"
+    return _LONG_ANSWER[key]
+
+
+def test_client_disconnect_mid_stream_aborts(workers, model_dir):
+    max_tokens = 120
+    chosen = _long_answer_image(model_dir, max_tokens)
 
     async def go():
         body = roomed([data_url(make_image(chosen))], text="count the images", max_tokens=max_tokens, stream=True)
@@ -393,18 +405,22 @@ def test_bad_model_path_and_port_in_use(model_dir):
     assert last.startswith("epdctl.runtime decode: error: cannot listen on 127.0.0.1:33791") and "in use" in last
 
 
-def test_sigterm_lets_in_flight_requests_finish(workers):
+def test_sigterm_lets_in_flight_requests_finish(workers, model_dir):
     """Last test of the module: it stops the decode. A request in flight when SIGTERM arrives completes."""
     async def go():
-        body = roomed([data_url(make_image(20))], text="count the images", max_tokens=30)
+        # An answer that cannot end early, and a fast poll: on an idle machine a short answer
+        # finished before a slow poll ever saw it running.
+        image = _long_answer_image(model_dir, 120)
+        body = roomed([data_url(make_image(image))], text="count the images", max_tokens=120)
         async with aiohttp.ClientSession() as s:
             call = asyncio.gather(post(s, f"http://127.0.0.1:{P}/v1/chat/completions", body),
                                   post(s, f"http://127.0.0.1:{D}/v1/chat/completions", body))
-            running = await _wait_metric(D, "epd_decode_running_requests", lambda v: v == 1)
+            running = await _wait_metric(D, "epd_decode_running_requests", lambda v: v == 1,
+                                         timeout=60.0, interval=0.01)
             workers["d"].proc.send_signal(signal.SIGTERM)
             (ps, _), (ds, dtext) = await call
         return running, ps, ds, json.loads(dtext)
     running, ps, ds, body = run(go())
     assert running == 1 and ps == 200 and ds == 200, body
-    assert body["usage"]["completion_tokens"] == 30
+    assert body["usage"]["completion_tokens"] == 120
     assert workers["d"].proc.wait(60) == 0
