@@ -23,7 +23,6 @@ from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, to_api
 from epdctl.runtime.servers.decode import GenerationMetrics
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes
-from epdctl.runtime.servers.respond import Generation
 
 log = logging.getLogger(__name__)
 
@@ -120,19 +119,14 @@ class ColocatedServer:
             self.gm.stage.observe(encode_ms / 1000.0, {"stage": "encode"})
             self.gm.stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
             tokens = await self.loop.add(seq_id, result, params)
-            self.used_tokens[seq_id] = result.prompt_len
-            del result
-
-            def on_token(_: int) -> None:
-                self.used_tokens[seq_id] = self.used_tokens.get(seq_id, 0) + 1
-
+            del result  # the engine owns the KV now; don't pin it for the whole response
             timings = {"encode_ms": encode_ms, "prefill_ms": prefill_ms, "kv_transfer_ms": 0.0, "kv_bytes": 0.0,
                        "embedding_bytes": 0.0}
-            gen = Generation(seq_id=seq_id, req=req, tokens=tokens, prompt_len=len(prompt.input_ids),
-                             stop_ids=set(params.stop_token_ids), decode=self._detok, abort=self.loop.abort,
-                             t_arrival=t_arrival, timings=timings, on_token=on_token)
-            resp, _ = await self.gm.respond(request, gen)
-            return resp
+            return await self.gm.stream(request, req, seq_id=seq_id, tokens=tokens,
+                                        prompt_len=len(prompt.input_ids), loop=self.loop,
+                                        used_tokens=self.used_tokens, detok=self._detok,
+                                        stop_ids=set(params.stop_token_ids), t_arrival=t_arrival,
+                                        timings=timings)
         finally:
             self.used_tokens.pop(seq_id, None)
             self.slots.release()

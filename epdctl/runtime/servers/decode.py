@@ -47,6 +47,24 @@ class GenerationMetrics:
         self.record(out)
         return resp, out
 
+    async def stream(self, request: web.Request, req: Any, *, seq_id: str, tokens: Any, prompt_len: int,
+                     loop: EngineLoop, used_tokens: dict[str, int], detok: Any, stop_ids: set[int],
+                     t_arrival: float, timings: dict[str, float]) -> web.StreamResponse:
+        """Answer one sequence already added to ``loop``, counting its KV tokens in ``used_tokens``.
+
+        Shared by decode and colocated workers so `/v1/loads` and the metrics mean the same in both.
+        """
+        used_tokens[seq_id] = prompt_len
+
+        def on_token(_: int) -> None:
+            used_tokens[seq_id] = used_tokens.get(seq_id, 0) + 1
+
+        gen = Generation(seq_id=seq_id, req=req, tokens=tokens, prompt_len=prompt_len, stop_ids=stop_ids,
+                         decode=detok, abort=loop.abort, t_arrival=t_arrival, timings=timings,
+                         on_token=on_token)
+        resp, _ = await self.respond(request, gen)
+        return resp
+
     def record(self, out: Any) -> None:
         if out.ttft_s is not None:
             self.ttft.observe(out.ttft_s)
@@ -204,17 +222,12 @@ class DecodeServer:
             self.waiting_slot -= 1
         try:
             tokens = await self.loop.add(seq_id, result, params)
-            del result
-            self.used_tokens[seq_id] = int(meta.get("prompt_len", 0))
-
-            def on_token(_: int) -> None:
-                self.used_tokens[seq_id] = self.used_tokens.get(seq_id, 0) + 1
-
-            gen = Generation(seq_id=seq_id, req=req, tokens=tokens, prompt_len=int(meta.get("prompt_len", 0)),
-                             stop_ids=set(params.stop_token_ids), decode=self._detok, abort=self.loop.abort,
-                             t_arrival=t_arrival, timings=timings, on_token=on_token)
-            resp, out = await self.gm.respond(request, gen)
-            return resp
+            del result  # the engine owns the KV now; don't pin it for the whole response
+            return await self.gm.stream(request, req, seq_id=seq_id, tokens=tokens,
+                                        prompt_len=int(meta.get("prompt_len", 0)), loop=self.loop,
+                                        used_tokens=self.used_tokens, detok=self._detok,
+                                        stop_ids=set(params.stop_token_ids), t_arrival=t_arrival,
+                                        timings=timings)
         finally:
             self.used_tokens.pop(seq_id, None)
             self.slots.release()
