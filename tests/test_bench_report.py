@@ -102,10 +102,15 @@ def test_summarize_counts_throughput_and_errors() -> None:
     assert r["ttft_ms"]["p50"] == 500.0 and r["ttft_ms"]["p99"] == 1000.0
     assert r["tpot_ms"]["p90"] == 20.0
     assert r["stages_ms"]["encode_ms"]["p50"] == 30.0
-    assert r["correct"] == {"judged": 10, "correct": 10}
+    assert r["correct"] == {"judged": 10, "correct": 10, "cut_off": 0}
     text = "\n".join(report.format_report(r))
     assert "TTFT ms  p50 500.0" in text and "error: HTTP 500: boom" in text
     json.dumps(r)  # the --json document must serialise
+    # answers cut off by max_tokens (correct=None) are counted apart, not judged wrong
+    cut = [_sample(i) for i in range(3)]
+    cut[0].correct = None
+    c = report.summarize(cut, 1.0, workload="w", target="http://x", offered_rate=1.0)["correct"]
+    assert c == {"judged": 2, "correct": 2, "cut_off": 1}
 
 
 # ---- metrics scrape --------------------------------------------------------------------------

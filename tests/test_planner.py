@@ -66,8 +66,9 @@ def test_infeasible_tpot_is_reported_with_the_reason() -> None:
 
 
 def test_infeasible_ttft_is_reported_with_the_reason() -> None:
-    # 8 images at 10 images/s = 800 ms of encoding before any queueing.
-    rec = planner.recommend(prof(enc=10.0), Demand(1.0, 8), SLO(ttft_ms=300))
+    # one image at 10 images/s = 100 ms of encoding before any queueing (8 images could be
+    # spread over 8 encoders, so the floor is one image's time)
+    rec = planner.recommend(prof(enc=10.0), Demand(1.0, 1), SLO(ttft_ms=90))
     assert not rec.feasible
     assert any("below the unloaded TTFT" in r for r in rec.reasons), rec.reasons
 
@@ -154,7 +155,8 @@ def test_plan_cli_writes_a_valid_topology(tmp_path: Path) -> None:
                  "hours: {2: 0.1, 12: 2.0}\n")
     out = tmp_path / "planned.yaml"
     proc = _epdctl("plan", "topologies/local.yaml", "--workload", str(w), "--profile", str(p),
-                   "--slo", "ttft=3s,tpot=100ms", "--write", str(out), "--json")
+                   "--slo", "ttft=3s,tpot=100ms", "--write", str(out), "--json",
+                   "--host-cores", "0")  # as on GPUs: each worker its own accelerator
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     peak = doc["peak"]
@@ -200,3 +202,59 @@ def test_each_extra_worker_is_explained_by_the_constraint_that_needs_it() -> Non
     assert "prefill" not in rec.limits or rec.split.prefill > 1
     text = "\n".join(rec.explain())
     assert f"why {rec.split.encoder} encoder: with {rec.split.encoder - 1}" in text
+
+
+def test_host_share_slowdown_grows_with_work_on_few_cores() -> None:
+    from epdctl.bench.host_share import slowdown
+
+    assert slowdown(0.0, 2) == 1.0
+    assert slowdown(0.5, 64) == pytest.approx(1.0)           # plenty of cores: no contention
+    vals = [slowdown(b, 2) for b in (0.25, 0.5, 1.0, 1.5, 2.0)]
+    assert vals == sorted(vals) and vals[0] > 1.0
+    # closed form for one core: E[1 + X] = 1 + busy
+    assert slowdown(0.7, 1) == pytest.approx(1.7, rel=1e-6)
+
+
+def _cpu_profile() -> planner.Profile:
+    return planner.Profile.from_dict({
+        "encoder": {"images_per_s": 100.0}, "prefill": {"tokens_per_s": 4000.0},
+        "decode": {"tokens_per_s": {"1": 250, "4": 600, "16": 1300}},
+        "cpu": {"encoder_s_per_image": 0.01, "prefill_s_per_request": 0.02,
+                "decode_s_per_token": {"1": 0.005, "4": 0.003, "16": 0.002}}})
+
+
+def test_shared_host_stretches_service_and_caps_the_load() -> None:
+    p = _cpu_profile()
+    d = Demand(4.0, 6, 0.0, 14, 32)
+    n = {"encoder": 2, "prefill": 1, "decode": 1}
+    alone = planner.evaluate(p, d, n, {})
+    shared = planner.evaluate(p, d, n, {}, host_cores=2)
+    assert "host" not in alone.utilisation
+    # CPU per request: 6 x 10 ms + 20 ms + 32 tokens x 5 ms (decode at batch 1) = 240 ms;
+    # 4 req/s on 2 cores = 48 %
+    assert shared.utilisation["host"] == pytest.approx(0.48)
+    assert shared.ttft_ms > alone.ttft_ms and shared.tpot_ms > alone.tpot_ms
+    assert shared.bottleneck in planner.ROLES
+    # a load the 2 cores cannot carry is infeasible whatever the split, and says so
+    rec = planner.recommend(p, Demand(20.0, 6, 0.0, 14, 32), SLO(ttft_ms=2000), host_cores=2)
+    assert not rec.feasible
+    assert any("share 2 cores" in r and "whatever the split" in r for r in rec.reasons)
+    # the same load with a core per worker is fine
+    assert planner.recommend(p, Demand(20.0, 6, 0.0, 14, 32), SLO(ttft_ms=2000)).feasible
+
+
+def test_plan_cli_compare_all_lists_every_split_of_the_same_total(tmp_path: Path) -> None:
+    p = tmp_path / "profile.json"
+    p.write_text(json.dumps({"encoder": {"images_per_s": 10.0},
+                             "prefill": {"tokens_per_s": 5000.0, "tokens_per_image": 16},
+                             "decode": {"tokens_per_s": {"1": 40, "4": 120, "16": 300}}}))
+    w = tmp_path / "w.yaml"
+    w.write_text("images: 8\nrepeat: 0\nmax_tokens: 32\nrate: 2\n")
+    proc = _epdctl("plan", "topologies/local.yaml", "--workload", str(w), "--profile", str(p),
+                   "--slo", "ttft=2s", "--compare-all", "--host-cores", "0", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    total = doc["peak"]["cost"]
+    got = {c["split"] for c in doc["compare"]}
+    want = {f"{e}:{q}:{total - e - q}" for e in range(1, total - 1) for q in range(1, total - e)}
+    assert got == want - {doc["peak"]["split"]} and total >= 4

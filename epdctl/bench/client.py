@@ -134,6 +134,8 @@ async def send_one(session: Any, target: Target, req: Request, w: Workload,
     items = shapes.parse_answer("".join(text), len(req.pngs))
     s.correct = "\n".join(f"Picture {i}: {it}" for i, it in enumerate(items, 1)
                           if it is not None) == req.expected
+    if not s.correct and s.completion_tokens >= w.max_tokens and items[-1] is None:
+        s.correct = None  # cut off by max_tokens before the last picture: not judged
     return s
 
 

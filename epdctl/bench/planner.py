@@ -3,7 +3,8 @@
 Model (a rate-match, like srt-slurm's for P/D, extended with the encoder):
 
 * **encoder** work per request = images x (1 - repeat) uncached images; one worker encodes
-  ``images_per_s``. **prefill** work = prompt tokens (text + images x tokens_per_image); one
+  ``images_per_s``; a request's images are spread over the encoders, so (each with its own
+  accelerator) its encode takes 1/min(encoders, images) of that. **prefill** work = prompt tokens (text + images x tokens_per_image); one
   worker prefills ``tokens_per_s``. Each stage is an M/M/1 queue per worker at rate/n, so the
   waiting time is ``s * rho / (1 - rho)``; TTFT = encode + wait + prefill + wait + KV hand-off.
 * **decode**: one worker's throughput at batch b, ``tps(b)``, is interpolated between the
@@ -12,6 +13,9 @@ Model (a rate-match, like srt-slurm's for P/D, extended with the encoder):
   ``b / tps(b)``.
 * the recommendation is the feasible split with the fewest GPUs (workers, for engines that use
   none), ties broken by the lowest peak utilisation; every role stays under ``max_util``.
+* **shared host** (``host_cores``: every worker a process on the same cores, as the embedded
+  engine on one CPU machine): service times stretch by the expected contention and the host's
+  utilisation must stay under ``max_util`` too (``host_share``).
 """
 
 from __future__ import annotations
@@ -20,54 +24,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from epdctl.errors import EpdctlError
+from epdctl.bench import host_share
+from epdctl.bench.capacity import PlanError, Profile
+
+__all__ = ["PlanError", "Profile", "Demand", "SLO", "Split", "Recommendation", "evaluate",
+           "recommend", "recommend_hours"]
 
 ROLES = ("encoder", "prefill", "decode")
-
-
-class PlanError(EpdctlError):
-    """A profile, workload or topology cannot be planned with."""
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Per-worker capacity of each role (what `epdctl profile` measures)."""
-
-    encoder_images_per_s: float
-    prefill_tokens_per_s: float
-    decode_tokens_per_s: dict[int, float]    # batch size -> aggregate tokens/s of one worker
-    tokens_per_image: float = 64.0
-    prefill_overhead_ms: float = 0.0         # fixed cost per request (scheduling, transfer setup)
-    kv_transfer_ms: float = 0.0
-
-    @classmethod
-    def from_dict(cls, d: Any, source: str = "profile") -> "Profile":
-        try:
-            dec = {int(b): float(t) for b, t in d["decode"]["tokens_per_s"].items()}
-            p = cls(encoder_images_per_s=float(d["encoder"]["images_per_s"]),
-                    prefill_tokens_per_s=float(d["prefill"]["tokens_per_s"]),
-                    decode_tokens_per_s=dict(sorted(dec.items())),
-                    tokens_per_image=float(d["prefill"].get("tokens_per_image", 64.0)),
-                    prefill_overhead_ms=float(d["prefill"].get("overhead_ms", 0.0)),
-                    kv_transfer_ms=float(d.get("kv_transfer_ms", 0.0)))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PlanError(f"{source}: not a profile (missing or bad {e}); make one with "
-                            "`epdctl profile CLUSTER --out P.json`") from None
-        if (p.encoder_images_per_s <= 0 or p.prefill_tokens_per_s <= 0 or not dec
-                or min(dec) < 1 or any(t <= 0 for t in dec.values())):
-            raise PlanError(f"{source}: rates must be > 0 and decode needs batch sizes >= 1")
-        return p
-
-    def decode_tps(self, b: float) -> float:
-        """Tokens/s of one decode worker at batch ``b`` (linear between measured points)."""
-        pts = [(0.0, 0.0)] + [(float(k), v) for k, v in self.decode_tokens_per_s.items()]
-        for (b0, t0), (b1, t1) in zip(pts, pts[1:]):
-            if b <= b1:
-                return t0 + (t1 - t0) * (b - b0) / (b1 - b0)
-        return pts[-1][1]
-
-    def decode_max_tps(self) -> float:
-        return max(self.decode_tokens_per_s.values())
 
 
 @dataclass(frozen=True)
@@ -107,7 +70,10 @@ class Split:
 
     @property
     def bottleneck(self) -> str:
-        return max(self.utilisation, key=lambda r: self.utilisation[r])
+        return max(ROLES, key=lambda r: self.utilisation[r])
+
+    def peak_role_util(self) -> float:
+        return max(self.utilisation[r] for r in ROLES)
 
     def ratio(self) -> str:
         return f"{self.encoder}:{self.prefill}:{self.decode}"
@@ -142,21 +108,37 @@ def _decode_point(p: Profile, tokens_per_s: float) -> tuple[float, float]:
     return b, b / p.decode_tps(b)
 
 
-def evaluate(p: Profile, d: Demand, n: dict[str, int], cost_per: dict[str, int]) -> Split:
-    """Predicted utilisation, TTFT and TPOT of one split (no SLO check)."""
+def evaluate(p: Profile, d: Demand, n: dict[str, int], cost_per: dict[str, int],
+             host_cores: float | None = None) -> Split:
+    """Predicted utilisation, TTFT and TPOT of one split (no SLO check). With ``host_cores``,
+    every worker shares that many cores (see ``host_share``): service times stretch by the
+    expected contention and the host's own utilisation joins the roles'."""
     uncached = d.images * (1.0 - d.repeat)
     s_enc = uncached / p.encoder_images_per_s
     tokens = d.prompt_tokens + d.images * p.tokens_per_image
     s_pre = tokens / p.prefill_tokens_per_s + p.prefill_overhead_ms / 1000.0
+    dec_tps = d.rate * d.output_tokens / n["decode"]
+    b, tpot = _decode_point(p, dec_tps)
+    util: dict[str, float] = {}
+    k = 1.0
+    if host_cores:
+        cpu = p.host_seconds(uncached, d.output_tokens, b if math.isfinite(b) else 1.0,
+                             (s_enc, s_pre))
+        work = d.rate * sum(cpu)  # cores busy on average
+        util["host"] = work / host_cores
+        k = host_share.contention(work, host_cores)
+    s_enc, s_pre, tpot = s_enc * k, s_pre * k, tpot * k
     rho_e = d.rate * s_enc / n["encoder"]
     rho_p = d.rate * s_pre / n["prefill"]
-    dec_tps = d.rate * d.output_tokens / n["decode"]
-    _, tpot = _decode_point(p, dec_tps)
-    rho_d = dec_tps / p.decode_max_tps()
-    ttft = s_enc + _wait(s_enc, rho_e) + s_pre + _wait(s_pre, rho_p) + p.kv_transfer_ms / 1000.0
+    rho_d = dec_tps / p.decode_max_tps() * k
+    # the prefill spreads one request's images over the encoders (SGLang's EPD and epdctl's
+    # runtime both do): with an accelerator each, its encode takes the time of the largest
+    # part; on a shared host the parts compete for the same cores (measured: no gain)
+    part = s_enc if host_cores else s_enc / max(1.0, min(float(n["encoder"]), uncached))
+    ttft = part + _wait(part, rho_e) + s_pre + _wait(s_pre, rho_p) + p.kv_transfer_ms / 1000.0
     cost = sum(n[r] * cost_per.get(r, 1) for r in ROLES)
     return Split(n["encoder"], n["prefill"], n["decode"], cost,
-                 {"encoder": rho_e, "prefill": rho_p, "decode": rho_d}, ttft * 1000.0,
+                 {"encoder": rho_e, "prefill": rho_p, "decode": rho_d, **util}, ttft * 1000.0,
                  tpot * 1000.0)
 
 
@@ -174,7 +156,8 @@ class Recommendation:
 
     def explain(self) -> list[str]:
         s = self.split
-        util = ", ".join(f"{r} {s.utilisation[r]:.0%}" for r in ROLES)
+        util = ", ".join(f"{r} {s.utilisation[r]:.0%}" for r in (*ROLES, "host")
+                         if r in s.utilisation)
         lines = [f"E:P:D = {s.ratio()} ({s.cost} {self.unit}); predicted TTFT {_fmt(s.ttft_ms)} ms, "
                  f"TPOT {_fmt(s.tpot_ms)} ms",
                  f"utilisation: {util}; busiest role: {s.bottleneck}"]
@@ -200,14 +183,22 @@ def _meets(s: Split, slo: SLO, max_util: float) -> bool:
     return slo.tpot_ms is None or s.tpot_ms <= slo.tpot_ms
 
 
-def _hopeless(p: Profile, d: Demand, slo: SLO) -> list[str]:
+def _hopeless(p: Profile, d: Demand, slo: SLO, host_cores: float | None) -> list[str]:
     """SLOs no number of workers can meet (the unloaded pipeline is already too slow)."""
     out = []
+    spread = max(1, math.ceil(d.images * (1.0 - d.repeat)))  # each image on its own encoder
     idle = evaluate(p, Demand(0.0, d.images, d.repeat, d.prompt_tokens, d.output_tokens),
-                    {r: 1 for r in ROLES}, {})
+                    {"encoder": spread, "prefill": 1, "decode": 1}, {})
+    if host_cores:
+        host = evaluate(p, d, {r: 1 for r in ROLES}, {}, host_cores).utilisation["host"]
+        if host > 1.0:
+            out.append(f"the workers share {host_cores:g} cores and this load needs "
+                       f"{host * host_cores:.2f} of them busy ({host:.0%}) whatever the split: "
+                       "add machines (give roles their own nodes) or lower the request rate")
     if slo.ttft_ms is not None and idle.ttft_ms > slo.ttft_ms:
         out.append(f"TTFT SLO {slo.ttft_ms:g} ms is below the unloaded TTFT {idle.ttft_ms:.1f} ms "
-                   f"(encode + prefill + KV hand-off of one request on idle workers); more "
+                   f"(encode + prefill + KV hand-off of one request on idle workers, its images "
+                   "spread over as many encoders); more "
                    "workers cannot help: use faster workers (more tp), fewer images per request, "
                    "or relax the SLO")
     if slo.tpot_ms is not None and idle.tpot_ms > slo.tpot_ms:
@@ -219,34 +210,39 @@ def _hopeless(p: Profile, d: Demand, slo: SLO) -> list[str]:
 
 def recommend(p: Profile, d: Demand, slo: SLO, *, gpus: int | None = None,
               cost_per: dict[str, int] | None = None, max_util: float = 0.85,
-              max_per_role: int = 64, unit: str = "GPUs") -> Recommendation:
+              max_per_role: int = 64, unit: str = "GPUs",
+              host_cores: float | None = None) -> Recommendation:
     """The cheapest split meeting the SLOs under ``max_util`` (within ``gpus`` if given)."""
     if d.rate < 0 or d.images < 0 or not 0 <= d.repeat < 1:
         raise PlanError("demand: rate and images must be >= 0 and repeat in [0, 1)")
     cost_per = cost_per or {}
-    hopeless = _hopeless(p, d, slo)
+    hopeless = _hopeless(p, d, slo, host_cores)
     best: Split | None = None
     closest: Split | None = None
     # Decode is independent of E and P: its smallest count that works is fixed first.
     n_d = next((k for k in range(1, max_per_role + 1)
-                if _decode_ok(evaluate(p, d, {"encoder": 1, "prefill": 1, "decode": k}, cost_per),
+                if _decode_ok(evaluate(p, d, {"encoder": 1, "prefill": 1, "decode": k}, cost_per,
+                                       host_cores),
                               slo, max_util)), max_per_role)
     for n_e in range(1, max_per_role + 1):
         for n_p in range(1, max_per_role + 1):
-            s = evaluate(p, d, {"encoder": n_e, "prefill": n_p, "decode": n_d}, cost_per)
+            s = evaluate(p, d, {"encoder": n_e, "prefill": n_p, "decode": n_d}, cost_per,
+                         host_cores)
             if _meets(s, slo, max_util):
-                if best is None or (s.cost, max(s.utilisation.values())) < (
-                        best.cost, max(best.utilisation.values())):
+                if best is None or (s.cost, s.peak_role_util()) < (
+                        best.cost, best.peak_role_util()):
                     best = s
                 break  # more prefills for this n_e only cost more
             if closest is None or _badness(s, slo) < _badness(closest, slo):
                 closest = s
     reasons = list(hopeless)
     if best is None:
-        chosen = closest or evaluate(p, d, {r: max_per_role for r in ROLES}, cost_per)
+        chosen = closest or evaluate(p, d, {r: max_per_role for r in ROLES}, cost_per,
+                                     host_cores)
         if not hopeless:
+            what = "role (and the shared host)" if host_cores else "role"
             reasons.append(f"no split with up to {max_per_role} workers per role keeps every "
-                           f"role under {max_util:.0%} utilisation and meets the SLOs")
+                           f"{what} under {max_util:.0%} utilisation and meets the SLOs")
         chosen.feasible = False
         return Recommendation(d, slo, chosen, False, reasons, unit)
     if gpus is not None and best.cost > gpus:
@@ -256,14 +252,15 @@ def recommend(p: Profile, d: Demand, slo: SLO, *, gpus: int | None = None,
         return Recommendation(d, slo, best, False, reasons, unit)
     if gpus is not None and best.cost < gpus:
         reasons.append(f"{gpus - best.cost} of the {gpus} {unit} are not needed at this load")
-    limits = {r: _limit(p, d, slo, best, r, cost_per, max_util) for r in ROLES if best.counts[r] > 1}
+    limits = {r: _limit(p, d, slo, best, r, cost_per, max_util, host_cores)
+              for r in ROLES if best.counts[r] > 1}
     return Recommendation(d, slo, best, True, reasons, unit, limits)
 
 
 def _limit(p: Profile, d: Demand, slo: SLO, s: Split, role: str, cost_per: dict[str, int],
-           max_util: float) -> str:
+           max_util: float, host_cores: float | None) -> str:
     """What breaks with one worker fewer of ``role``: the constraint that sized it."""
-    fewer = evaluate(p, d, {**s.counts, role: s.counts[role] - 1}, cost_per)
+    fewer = evaluate(p, d, {**s.counts, role: s.counts[role] - 1}, cost_per, host_cores)
     if fewer.utilisation[role] > max_util:
         return (f"with {s.counts[role] - 1} its utilisation would be "
                 f"{fewer.utilisation[role]:.0%} (> {max_util:.0%})")

@@ -12,10 +12,15 @@ workers' own counters:
   the slope of ``usage.prompt_tokens`` over the image count.
 * **decode** tokens/s at batch 1/4/16 per decode worker: closed loops with batch x
   (decode workers) requests in flight; tokens/s = batch / median client-side TPOT.
+* **CPU cost** per role (for workers that share a host's cores): each worker's
+  ``process_cpu_seconds_total`` delta per uncached image (encoders), per request (prefills)
+  and per output token at each batch size (decodes). Everything a role does counts: HTTP,
+  image decoding, transfers, not just the model.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Any, Callable
@@ -31,6 +36,17 @@ Say = Callable[[str], None]
 
 def _sum_series(d: dict[str, dict[str, float]], name: str) -> float:
     return sum(v for series in d.values() for k, v in series.items() if k.split("{")[0] == name)
+
+
+def _role_cpu(d: dict[str, dict[str, float]], resolved: Resolved) -> dict[str, float]:
+    """CPU seconds per role in a scrape delta (process_cpu_seconds_total of each worker)."""
+    roles = {e.name: e.role for e in resolved.endpoints}
+    out: dict[str, float] = {}
+    for name, series in d.items():
+        v = series.get("process_cpu_seconds_total")
+        if v is not None and name in roles:
+            out[roles[name]] = out.get(roles[name], 0.0) + v
+    return out
 
 
 def _fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -52,8 +68,11 @@ def _run(resolved: Resolved, w: Workload) -> list[client.Sample]:
 
 
 def measure(resolved: Resolved, *, batches: tuple[int, ...] = (1, 4, 16), requests: int = 4,
-            output_tokens: int = 32, seed: int = 1000, say: Say = lambda _: None) -> dict[str, Any]:
-    """Run the three probes; returns the profile document (see ``planner.Profile``)."""
+            output_tokens: int = 32, seed: int | None = None, say: Say = lambda _: None) -> dict[str, Any]:
+    """Run the three probes; returns the profile document (see ``planner.Profile``). A fresh
+    seed by default: images the encoders cached in an earlier profile would measure the cache."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(1 << 30)
     state = resolved.state
     n_dec = max(1, sum(1 for p in state.workers if p.role == "decode" and p.is_leader)) if state else 1
     n_enc = sum(1 for p in state.workers if p.role == "encoder") if state else 0
@@ -88,14 +107,32 @@ def measure(resolved: Resolved, *, batches: tuple[int, ...] = (1, 4, 16), reques
         overhead_ms, ms_per_token = 0.0, statistics.fmean(
             s.timings["prefill_ms"] / max(1.0, p) for s, p in zip(samples, prompt))
     kv_ms = statistics.median(s.timings.get("kv_transfer_ms", 0.0) for s in samples)
+    cpu_ep = _role_cpu(d, resolved)
+    cpu: dict[str, Any] = {}
+    if cpu_ep.get("encoder") and misses:
+        cpu["encoder_s_per_image"] = round(cpu_ep["encoder"] / misses, 6)
+        if cpu["encoder_s_per_image"] > 1.0 / img_per_s:
+            # the vision tower is not all an encoder does (HTTP, image decoding, transfers):
+            # its whole process CPU per image is the honest capacity
+            img_per_s = 1.0 / cpu["encoder_s_per_image"]
+            enc_src = "encoder CPU seconds per uncached image (process_cpu_seconds_total)"
+    if cpu_ep.get("prefill"):
+        cpu["prefill_s_per_request"] = round(cpu_ep["prefill"] / len(samples), 6)
+    cpu_tok: dict[str, float] = {}
 
     decode: dict[str, float] = {}
     tpot_ms: dict[str, float] = {}
     for b in batches:
         say(f"decode: batch {b} per decode worker ({b * n_dec} requests in flight)")
         c = b * n_dec
+        before = scrape.scrape(resolved.endpoints)
         got = _run(resolved, base.with_(images={1: 1.0}, concurrency=c, requests=c * 2,
                                         repeat=0.5, seed=seed + 10 + b))
+        dec_cpu = _role_cpu(scrape.delta(before, scrape.scrape(resolved.endpoints)),
+                            resolved).get("decode")
+        tokens = sum(s.completion_tokens or 0 for s in got)
+        if dec_cpu and tokens:
+            cpu_tok[str(b)] = round(dec_cpu / tokens, 6)
         tp = [s.tpot for s in got if s.tpot]
         if not tp:
             raise EpdctlError(f"profile: no request at batch {b} produced 2+ tokens; raise "
@@ -108,6 +145,7 @@ def measure(resolved: Resolved, *, batches: tuple[int, ...] = (1, 4, 16), reques
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "target": resolved.target.base_url,
         "model": resolved.target.model,
+        "seed": seed,
         "cluster": {"encoders": n_enc, "decodes": n_dec},
         "encoder": {"images_per_s": round(img_per_s, 3), "ms_per_image": round(1000 / img_per_s, 3),
                     "source": enc_src},
@@ -117,6 +155,8 @@ def measure(resolved: Resolved, *, batches: tuple[int, ...] = (1, 4, 16), reques
                     "text_tokens": round(min(prompt) - per_image, 3)},
         "decode": {"tokens_per_s": decode, "tpot_ms": tpot_ms, "output_tokens": output_tokens},
         "kv_transfer_ms": round(kv_ms, 3),
+        "cpu": {**cpu, **({"decode_s_per_token": cpu_tok} if cpu_tok else {}),
+                "source": "workers' process_cpu_seconds_total"} if cpu or cpu_tok else {},
         "note": "per-worker rates measured on this cluster's machines; on a shared CPU host "
                 "the roles compete for the same cores",
     }

@@ -82,7 +82,8 @@ def summarize(samples: list[Sample], wall: float, *, workload: str = "", target:
         "latency_ms": dist([s.latency for s in ok if s.latency is not None]),
         "output_tokens": dist([float(s.completion_tokens) for s in ok], scale=1.0),
         "stages_ms": stages,
-        "correct": {"judged": len(judged), "correct": sum(1 for s in judged if s.correct)},
+        "correct": {"judged": len(judged), "correct": sum(1 for s in judged if s.correct),
+                    "cut_off": len(ok) - len(judged)},
         "metrics": metrics or {},
         "stage_means_s": stage_means or {},
     }
@@ -111,8 +112,10 @@ def format_report(r: dict[str, Any]) -> list[str]:
                  for k, v in r["stages_ms"].items() if not k.endswith("_bytes")]
         lines.append("  stages p50 ms  " + "  ".join(parts))
     c = r["correct"]
-    if c["judged"]:
-        lines.append(f"  answers correct {c['correct']}/{c['judged']}")
+    if c["judged"] or c.get("cut_off"):
+        cut = (f" ({c['cut_off']} cut off by max_tokens, not judged)"
+               if c.get("cut_off") else "")
+        lines.append(f"  answers correct {c['correct']}/{c['judged']}{cut}")
     for e in r.get("first_errors") or []:
         lines.append(f"  error: {e}")
     return lines

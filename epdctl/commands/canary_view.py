@@ -63,3 +63,36 @@ def missing_transfers(deltas: dict[str, Any], roles: dict[str, str]) -> list[str
     if moved("decode", 1) is False:
         out.append("no decode received KV bytes")
     return out
+
+
+def _table(rows: list[tuple[str, ...]], reasons: list[str]) -> list[str]:
+    w = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    return ["  ".join(row[k].ljust(w[k]) for k in range(len(row))).rstrip()
+            + (f"  {why}" if why else "") for row, why in zip(rows, reasons)]
+
+
+def render_tokens(pairs: list[Any], cluster: str) -> str:
+    """One row per prefill->decode pair: tokens matching the prefill-only run, KV bytes."""
+    rows = [("KIND", "PAIR", "TOKENS", "MATCH", "KV BYTES", "RESULT")]
+    reasons = [""]
+    for p in pairs:
+        n = len(p.tokens)
+        match = n if p.first_mismatch is None else p.first_mismatch
+        kv = "-" if p.kv_bytes is None else human_bytes(p.kv_bytes)
+        rows.append(("P->D", p.label, str(n), f"{match}/{n}", kv, "ok" if p.ok else "FAIL"))
+        reasons.append(p.reason)
+    head = (f"token canary, cluster {cluster}: the decode's greedy tokens vs a prefill-only run "
+            "of the same prefix (bootstrap_host 2.2.2.2)")
+    return "\n".join([head, *_table(rows, reasons)])
+
+
+def render_encoders(results: list[Any]) -> str:
+    """SGLang encoders: embedding transfers counted by each encoder under image requests."""
+    rows = [("KIND", "PAIR", "TRANSFERS", "ITEMS", "REQUESTS", "RESULT")]
+    reasons = [""]
+    for r in results:
+        rows.append(("E->P", f"{r.name}->prefills", f"{r.transfers:g}", f"{r.items:g}",
+                     str(r.requests), "ok" if r.ok else "FAIL"))
+        reasons.append(r.reason)
+    head = "encoders (sglang:encoder_transfer_seconds_count under image requests via the router)"
+    return "\n".join([head, *_table(rows, reasons)])

@@ -11,14 +11,14 @@ from typing import Any
 
 import click
 
-from epdctl.errors import EpdctlError, LaunchError, ProbeError
+from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
 from epdctl.launchers.lifecycle import BringUp, tear_down, to_handle
 from epdctl.launchers.observe import observe
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 
 from epdctl.commands.preflight_gate import preflight_before_up
-from epdctl.commands.render_status import Progress, render_canary, render_status
+from epdctl.commands.render_status import Progress, render_status
 
 
 def _load_plan(path: Path) -> tuple[Any, Any]:
@@ -140,25 +140,9 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
         click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")
     if no_canary or plan.router is None:
         return
-    from epdctl.canary import run_canary
-    from epdctl.commands.canary_view import missing_transfers, render_deltas
-    from epdctl.pair_canary import byte_deltas
+    from epdctl.commands.up_canary import run_up_canary
 
-    still = (f"the cluster is still running: inspect it with `epdctl status` and `epdctl logs`, "
-             f"stop it with `epdctl down {topo.name}`")
-    try:
-        res, deltas = byte_deltas(plan.workers, lambda: run_canary(
-            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env))
-    except ProbeError as e:
-        raise ProbeError(f"{e}\n{still}") from e
-    click.echo(render_canary(res))
-    if topo.engine == "embedded":  # other engines' /metrics carry no epd transport counters
-        roles = {w.name: str(getattr(w.role, "value", w.role)) for w in plan.workers}
-        click.echo(render_deltas(deltas, roles))
-        missing = missing_transfers(deltas, roles)
-        if missing:
-            raise ProbeError(f"canary: {'; '.join(missing)} (answer {res.answer[:80]!r}); "
-                             f"per pair: `epdctl check --canary {topo.name}`\n{still}")
+    run_up_canary(plan, topo, api_key_env)
 
 
 @click.command()

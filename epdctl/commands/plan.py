@@ -79,6 +79,27 @@ def _cost_per_worker(topo: Any) -> tuple[dict[str, int], str]:
     return {k: max(1, v) for k, v in cost.items()}, "GPUs"
 
 
+def _shared_cores(topo: Any) -> float | None:
+    """This machine's cores when every worker of an embedded topology is on one shared node
+    here (the planner's contention term); None when workers have their own accelerators."""
+    import os
+
+    nodes = {n for w in topo.workers for n in w.nodes}
+    if topo.engine != "embedded" or len(nodes) != 1:
+        return None
+    node = topo.node(next(iter(nodes)))
+    local = node.host in ("127.0.0.1", "localhost", "::1") or node.host.startswith("127.")
+    return float(os.cpu_count() or 1) if node.shared and local else None
+
+
+def _same_total(counts: dict[str, int]) -> list[dict[str, int]]:
+    """Every other E:P:D split (each >= 1) with the same number of workers."""
+    total = sum(counts.values())
+    out = [{"encoder": e, "prefill": p, "decode": total - e - p}
+           for e in range(1, total - 1) for p in range(1, total - e)]
+    return [s for s in out if s != counts]
+
+
 def _split_arg(text: str) -> dict[str, int]:
     parts = text.split(":")
     if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
@@ -101,10 +122,15 @@ def _split_arg(text: str) -> dict[str, int]:
               help="Write the topology with the recommended counts (peak hour) here.")
 @click.option("--compare", multiple=True, metavar="E:P:D",
               help="Also predict this split at the peak rate (repeatable), e.g. 1:2:2.")
+@click.option("--compare-all", is_flag=True,
+              help="Also predict every other split with the recommended total.")
+@click.option("--host-cores", type=float, default=None,
+              help="Cores the workers share (default: this machine's when every worker of an "
+                   "embedded topology is on one `shared: true` node; 0 = each has its own).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | None,
          slo: str | None, max_util: float, write_out: Path | None, compare: tuple[str, ...],
-         as_json: bool) -> None:
+         compare_all: bool, host_cores: float | None, as_json: bool) -> None:
     """Recommend the Encoder:Prefill:Decode split for a workload from a measured profile."""
     from epdctl.bench import plan_io, planner
     from epdctl.bench.workload import load_workload
@@ -122,13 +148,18 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
         raise EpdctlError(f"{workload_file}: the planner needs a request rate (`rate:` or "
                           "`hours:`); a concurrency-only workload has no arrival rate")
     base = planner.Demand(rate, w.mean_images, w.repeat, w.prompt_tokens, w.max_tokens)
-    kw = dict(gpus=gpus, cost_per=cost, max_util=max_util, unit=unit)
+    cores = _shared_cores(topo) if host_cores is None else (host_cores or None)
+    kw = dict(gpus=gpus, cost_per=cost, max_util=max_util, unit=unit, host_cores=cores)
     hours = planner.recommend_hours(prof, base, w.hours, targets, **kw) if w.hours else {}
     peak_rate = max([rate, *w.hours.values()]) if w.hours else rate
     peak = planner.recommend(prof, replace(base, rate=peak_rate),
                              targets, **kw)
-    others = [planner.evaluate(prof, peak.demand, _split_arg(c), cost) for c in compare]
-    doc = {"topology": str(topology), "workload": w.describe(), "peak": peak.to_dict(),
+    splits = [_split_arg(c) for c in compare]
+    if compare_all:
+        splits += [s for s in _same_total(peak.split.counts) if s not in splits]
+    others = [planner.evaluate(prof, peak.demand, s, cost, cores) for s in splits]
+    doc = {"topology": str(topology), "workload": w.describe(), "host_cores": cores,
+           "peak": peak.to_dict(),
            "hours": {str(h): r.to_dict() for h, r in hours.items()},
            "compare": [o.to_dict() for o in others]}
     if write_out and peak.feasible:
@@ -150,7 +181,8 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
         click.echo(json.dumps(doc, indent=1))
     else:
         click.echo(f"workload {w.describe()}")
-        click.echo(f"peak {peak_rate:g} req/s:")
+        click.echo(f"peak {peak_rate:g} req/s" + (f", workers sharing {cores:g} cores:" if cores
+                                                   else ":"))
         for line in peak.explain():
             click.echo("  " + line)
         for o in others:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Callable, Iterable
 
 LabelKey = tuple[tuple[str, str], ...]
@@ -150,6 +151,10 @@ class Registry:
     def __init__(self, prefix: str = "epd"):
         self.prefix = prefix
         self._metrics: dict[str, _Metric] = {}
+        # Prometheus' standard name: CPU seconds of every thread of this worker (what a role
+        # costs a host whose cores all workers share; read by `epdctl profile`).
+        self._add(Gauge("process_cpu_seconds_total", "Total user and system CPU time of this "
+                        "worker process in seconds", time.process_time, kind="counter"))
 
     def _add(self, metric: _Metric) -> _Metric:
         return self._metrics.setdefault(metric.name, metric)

@@ -172,19 +172,25 @@ def _parse_stop(stop: Any) -> list[str]:
 
 
 def _parse_bootstrap(body: dict[str, Any], req: ChatRequest, require_room: bool) -> None:
+    req.bootstrap_room, req.bootstrap_host, req.bootstrap_port = parse_bootstrap(
+        body, require_room, "a disaggregated worker must be called through a PD router (or with "
+        "bootstrap_host/bootstrap_port/bootstrap_room)")
+
+
+def parse_bootstrap(body: dict[str, Any], require_room: bool,
+                    hint: str) -> tuple[int | None, str | None, int | None]:
+    """The PD router's (bootstrap_room, bootstrap_host, bootstrap_port), validated."""
     room = body.get("bootstrap_room")
     if room is None:
         if require_room:
-            raise ApiError(400, "missing 'bootstrap_room': a disaggregated worker must be called through a "
-                                "PD router (or with bootstrap_host/bootstrap_port/bootstrap_room)", "missing_field")
-        return
-    req.bootstrap_room = _int(room, "bootstrap_room", 0, (1 << 64) - 1)
+            raise ApiError(400, f"missing 'bootstrap_room': {hint}", "missing_field")
+        return None, None, None
+    room = _int(room, "bootstrap_room", 0, (1 << 64) - 1)
     host = body.get("bootstrap_host")
     if host is not None and not isinstance(host, str):
         raise ApiError(400, "'bootstrap_host' must be a string", "invalid_value")
-    req.bootstrap_host = host
     port = body.get("bootstrap_port")
-    req.bootstrap_port = None if port is None else _int(port, "bootstrap_port", 1, 65535)
+    return room, host, None if port is None else _int(port, "bootstrap_port", 1, 65535)
 
 
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:

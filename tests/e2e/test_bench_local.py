@@ -122,6 +122,9 @@ def test_profile_then_plan(cluster: Env) -> None:
     assert doc["encoder"]["images_per_s"] > 0 and doc["prefill"]["tokens_per_s"] > 0
     assert doc["prefill"]["tokens_per_image"] > 0
     assert set(doc["decode"]["tokens_per_s"]) == {"1", "2"}
+    # what each role costs the shared host, from the workers' process_cpu_seconds_total
+    assert doc["cpu"]["encoder_s_per_image"] > 0 and doc["cpu"]["prefill_s_per_request"] > 0
+    assert set(doc["cpu"]["decode_s_per_token"]) == {"1", "2"}
     out = cluster.tmp / "planned.yaml"
     proc = cluster.epdctl("plan", str(cluster.topology), "--workload",
                           str(ROOT / "benchmarks" / "workloads" / "daily.yaml"),
@@ -130,6 +133,9 @@ def test_profile_then_plan(cluster: Env) -> None:
     plan = json.loads(proc.stdout)
     assert plan["peak"]["bottleneck"] in ("encoder", "prefill", "decode")
     assert len(plan["hours"]) == 8
+    # every worker on one shared loopback node: the planner charges this machine's cores
+    assert plan["host_cores"] == float(os.cpu_count() or 1)
+    assert "host" in plan["peak"]["utilisation"]
     if plan["peak"]["feasible"]:
         assert yaml.safe_load(out.read_text())["roles"]["encoder"]["count"] == \
             plan["peak"]["counts"]["encoder"]

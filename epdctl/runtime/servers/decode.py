@@ -22,6 +22,7 @@ from epdctl.runtime.servers.bootstrap import register_route
 from epdctl.runtime.servers.common import make_app, read_json
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
+from epdctl.runtime.servers.native import add_native_routes, decode_generate
 from epdctl.runtime.servers.respond import Generation, respond
 
 log = logging.getLogger(__name__)
@@ -104,8 +105,12 @@ class DecodeServer:
     def app(self) -> web.Application:
         app = make_app()
         app.router.add_post("/v1/chat/completions", self.h_chat)
+        add_native_routes(app, self, self.h_generate)
         add_info_routes(app, self.info, self.metrics, self.loads, self.health_generate)
         return app
+
+    async def h_generate(self, request: web.Request) -> web.Response:
+        return await decode_generate(self, request)
 
     def loads(self) -> dict[str, int]:
         return {"num_running_reqs": self.loop.num_running if self.loop else 0,

@@ -23,6 +23,7 @@ from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.servers.common import ModelThread, Stopwatch, json_response, make_app, read_json, to_api_error
 from epdctl.runtime.servers.encoder_client import EncoderClient
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
+from epdctl.runtime.servers.native import add_native_routes, prefill_generate
 from epdctl.runtime.servers.registry import EncoderRegistry, bootstrap_app
 
 log = logging.getLogger(__name__)
@@ -71,11 +72,15 @@ class PrefillServer:
         app = make_app()
         app.router.add_post("/v1/chat/completions", self.h_chat)
         self.registry.add_routes(app)
+        add_native_routes(app, self, self.h_generate)
         add_info_routes(app, self.info, self.metrics, self.loads, self.health_generate)
         return app
 
     def encoder_bootstrap_app(self) -> web.Application:
         return bootstrap_app(self.registry, make_app())
+
+    async def h_generate(self, request: web.Request) -> web.Response:
+        return await prefill_generate(self, request)
 
     def loads(self) -> dict[str, int]:
         return {"num_running_reqs": self.running, "num_waiting_reqs": self.thread.pending,
