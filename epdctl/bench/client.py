@@ -64,14 +64,17 @@ class Target:
         return h
 
 
-def body_for(req: Request, model: str, max_tokens: int) -> dict[str, Any]:
+def body_for(req: Request, model: str, max_tokens: int, ignore_eos: bool = False) -> dict[str, Any]:
     parts: list[dict[str, Any]] = [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,"
                                             + base64.b64encode(p).decode()}} for p in req.pngs]
     parts.append({"type": "text", "text": req.question})
-    return {"model": model, "messages": [{"role": "user", "content": parts}],
+    body = {"model": model, "messages": [{"role": "user", "content": parts}],
             "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
             "stream_options": {"include_usage": True}}
+    if ignore_eos:  # SGLang's and vLLM's extension, and the embedded engine's
+        body["ignore_eos"] = True
+    return body
 
 
 async def send_one(session: Any, target: Target, req: Request, w: Workload,
@@ -87,7 +90,7 @@ async def send_one(session: Any, target: Target, req: Request, w: Workload,
     text: list[str] = []
     try:
         async with session.post(target.base_url.rstrip("/") + "/v1/chat/completions",
-                                json=body_for(req, target.model, w.max_tokens),
+                                json=body_for(req, target.model, w.max_tokens, w.ignore_eos),
                                 headers=target.headers,
                                 timeout=aiohttp.ClientTimeout(total=w.timeout)) as resp:
             s.status = resp.status

@@ -37,7 +37,7 @@ class WorkloadError(EpdctlError):
     """A workload description is malformed."""
 
 
-_KEYS = {"name", "images", "repeat", "plain", "prompt_tokens", "max_tokens", "rate",
+_KEYS = {"name", "images", "repeat", "plain", "prompt_tokens", "max_tokens", "ignore_eos", "rate",
          "concurrency", "duration", "requests", "seed", "hours", "timeout"}
 
 
@@ -51,6 +51,7 @@ class Workload:
     plain: bool = False
     prompt_tokens: int = 12
     max_tokens: int = 32
+    ignore_eos: bool = False    # every answer runs to max_tokens (decode-bound benchmarks)
     rate: float | None = None
     concurrency: int | None = None
     duration: float | None = None
@@ -77,7 +78,8 @@ class Workload:
         stop = " or ".join(x for x in (f"{self.requests} requests" if self.requests else "",
                                        f"{self.duration:g}s" if self.duration else "") if x)
         return (f"{self.name}: images {{{imgs}}}, repeat {self.repeat:.0%}, max_tokens "
-                f"{self.max_tokens}, {load}, {stop or 'unbounded'}, seed {self.seed}")
+                f"{self.max_tokens}{' (ignore_eos)' if self.ignore_eos else ''}, {load}, "
+                f"{stop or 'unbounded'}, seed {self.seed}")
 
 
 def parse_images(value: Any, where: str = "images") -> dict[int, float]:
@@ -145,7 +147,8 @@ def from_dict(doc: Any, source: str = "workload") -> Workload:
         if "images" in doc:
             kw["images"] = parse_images(doc["images"], f"{source}: images")
         for k, conv in (("name", str), ("repeat", float), ("plain", bool), ("prompt_tokens", int),
-                        ("max_tokens", int), ("rate", float), ("concurrency", int),
+                        ("max_tokens", int), ("ignore_eos", bool), ("rate", float),
+                        ("concurrency", int),
                         ("duration", float), ("requests", int), ("seed", int), ("timeout", float)):
             if doc.get(k) is not None:
                 kw[k] = conv(doc[k])

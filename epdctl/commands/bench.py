@@ -104,6 +104,8 @@ def run_once(resolved: Any, w: Workload, label: str, quiet: bool) -> tuple[list,
 @click.option("--duration", type=float, help="Seconds to send for.")
 @click.option("--requests", type=int, help="Number of requests to send.")
 @click.option("--max-tokens", type=int, help="Output tokens asked for per request.")
+@click.option("--ignore-eos", is_flag=True, default=None,
+              help="Every answer runs to --max-tokens (decode-bound load).")
 @click.option("--seed", type=int, help="Seed of the request generator (same seed, same bytes).")
 @click.option("--sweep", help="Comma-separated rates; one run per rate (overrides --rate).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
@@ -117,7 +119,7 @@ def run_once(resolved: Any, w: Workload, label: str, quiet: bool) -> tuple[list,
 def bench(target: str | None, workload_file: Path | None, images: str | None,
           repeat: float | None, rate: float | None, concurrency: int | None,
           duration: float | None, requests: int | None, max_tokens: int | None,
-          seed: int | None, sweep: str | None, json_out: Path | None, plot_out: Path | None,
+          ignore_eos: bool | None, seed: int | None, sweep: str | None, json_out: Path | None, plot_out: Path | None,
           model: str | None, api_key_env: str | None, metrics_url: tuple[str, ...],
           quiet: bool) -> None:
     """Benchmark CLUSTER (default: the only recorded one) or an OpenAI-compatible URL."""
@@ -127,7 +129,8 @@ def bench(target: str | None, workload_file: Path | None, images: str | None,
     rates = _rates(sweep)
     w = build_workload(workload_file, images=images, repeat=repeat,
                        rate=rates[0] if rates else rate, concurrency=None if rates else concurrency,
-                       duration=duration, requests=requests, max_tokens=max_tokens, seed=seed)
+                       duration=duration, requests=requests, max_tokens=max_tokens,
+                       ignore_eos=ignore_eos or None, seed=seed)
     resolved = resolve(target, model=model, api_key_env=api_key_env, metrics_urls=metrics_url)
     click.echo(f"bench {resolved.target.base_url} model {resolved.target.model}; "
                f"{len(resolved.endpoints)} metrics page(s)")

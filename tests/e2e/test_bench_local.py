@@ -102,6 +102,18 @@ def test_bench_sweep_plots_throughput_vs_rate(cluster: Env) -> None:
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_ignore_eos_runs_every_answer_to_max_tokens(cluster: Env) -> None:
+    js = cluster.tmp / "long.json"
+    proc = cluster.epdctl("bench", "bench-e2e", "--images", "1", "--concurrency", "2",
+                          "--requests", "4", "--max-tokens", "40", "--ignore-eos",
+                          "--json", str(js), "--quiet")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(ignore_eos)" in proc.stdout
+    run = json.loads(js.read_text())["runs"][0]
+    # the tiny model ends a 1-image answer after ~8 tokens; with ignore_eos it runs to 40
+    assert [s["completion_tokens"] for s in run["samples"]] == [40] * 4
+
+
 def test_bench_url_without_model_lookup_and_bad_input(cluster: Env) -> None:
     state = json.loads((cluster.tmp / "state" / "clusters" / "bench-e2e" / "state.json").read_text())
     router = next(p["url"] for p in state["processes"] if p["role"] == "router")

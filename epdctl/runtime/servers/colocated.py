@@ -68,7 +68,8 @@ class ColocatedServer:
 
     def _params(self, req: Any) -> Any:
         return self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                              seed=req.seed, stop_token_ids=list(self.bundle.eos_token_ids))
+                              seed=req.seed, ignore_eos=req.ignore_eos,
+                              stop_token_ids=[] if req.ignore_eos else list(self.bundle.eos_token_ids))
 
     async def health_generate(self) -> dict[str, Any]:
         """A real two-token generation through the whole in-process pipeline."""

@@ -212,7 +212,8 @@ class DecodeServer:
         kv_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
         del tensors
         params = self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                seed=req.seed, stop_token_ids=list(self.bundle.eos_token_ids))
+                                seed=req.seed, ignore_eos=req.ignore_eos,
+                                stop_token_ids=[] if req.ignore_eos else list(self.bundle.eos_token_ids))
         pt = meta.get("timings", {})
         sent_at = float(meta.get("sent_at", time.time()))
         timings = {"encode_ms": pt.get("encode_ms", 0.0), "prefill_ms": pt.get("prefill_ms", 0.0),
