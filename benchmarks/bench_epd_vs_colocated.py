@@ -2,8 +2,10 @@
 
 One run starts each topology with `epdctl up`, replays the same multi-image workload through its
 router (4-8 images per request, ~30% of images repeated from earlier requests, open-loop
-arrivals at a fixed rate, a bounded number of requests), then stops it with `epdctl down`.
-Reported per mode: TTFT p50/p99, TPOT p50/p99, request and token throughput, errors.
+Poisson arrivals, a bounded number of requests) with `epdctl bench`'s own load generator
+(`epdctl.bench`: same seed, same bytes and arrival times in both modes), then stops it with
+`epdctl down`. Reported per mode: TTFT p50/p99, TPOT p50/p99, request and token throughput,
+errors.
 Router overhead: the same small request sent through the router and straight to the workers
 (colocated: the worker itself; EPD: prefill + decode called concurrently with the bootstrap
 fields the router would add), interleaved, median difference.
@@ -17,124 +19,25 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
-import http.client
 import json
 import math
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from epdctl import shapes  # noqa: E402
+from epdctl.bench import client, report  # noqa: E402
+from epdctl.bench.client import Target  # noqa: E402
+from epdctl.bench.workload import RequestSource, Workload, parse_images  # noqa: E402
 from epdctl.canary import build_messages  # noqa: E402
 from epdctl.probes import http as http_call  # noqa: E402
-
-
-@dataclass
-class Sample:
-    """One streamed request."""
-
-    ok: bool
-    ttft: float = 0.0
-    tpot: float | None = None
-    latency: float = 0.0
-    tokens: int = 0
-    n_images: int = 0
-    error: str = ""
-
-
-def make_workload(n: int, lo: int, hi: int, repeat: float, seed: int) -> list[list[bytes]]:
-    """Image lists per request; each image is, with probability ``repeat``, one seen before."""
-    rng = random.Random(seed)
-    seen: list[bytes] = []
-    out = []
-    for _ in range(n):
-        imgs = []
-        for _ in range(rng.randint(lo, hi)):
-            if seen and rng.random() < repeat:
-                imgs.append(rng.choice(seen))
-            else:
-                img, _item = shapes.random_item(rng)
-                png = shapes.to_png(img)
-                seen.append(png)
-                imgs.append(png)
-        out.append(imgs)
-    return out
-
-
-def stream_chat(base: str, body: dict, timeout: float = 600.0,
-                path: str = "/v1/chat/completions") -> Sample:
-    """POST with stream=true; time the first content chunk and the last one.
-
-    Tokens are the server's ``usage.completion_tokens`` (asked for with stream_options) when
-    it reports them, else the number of content chunks; TPOT = (last - first) / (tokens - 1).
-    """
-    u = urlparse(base)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    t0 = time.perf_counter()
-    stamps: list[float] = []
-    usage_tokens = None
-    try:
-        conn.request("POST", path, json.dumps({**body, "stream": True,
-                                               "stream_options": {"include_usage": True}}),
-                     {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            return Sample(False, error=f"HTTP {resp.status}: {resp.read()[:200]!r}")
-        for raw in resp:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                break
-            chunk = json.loads(data)
-            if isinstance(chunk.get("usage"), dict):
-                usage_tokens = chunk["usage"].get("completion_tokens") or usage_tokens
-            for ch in chunk.get("choices") or []:
-                if (ch.get("delta") or {}).get("content"):
-                    stamps.append(time.perf_counter())
-    except (OSError, ValueError, http.client.HTTPException) as e:
-        return Sample(False, error=str(e))
-    finally:
-        conn.close()
-    end = time.perf_counter()
-    if not stamps:
-        return Sample(False, latency=end - t0, error="no content chunk")
-    tokens = int(usage_tokens or len(stamps))
-    tpot = (stamps[-1] - stamps[0]) / (tokens - 1) if tokens > 1 and len(stamps) > 1 else None
-    return Sample(True, ttft=stamps[0] - t0, tpot=tpot, latency=end - t0, tokens=tokens)
-
-
-def run_load(router: str, model: str, work: list[list[bytes]], rate: float,
-             max_tokens: int) -> tuple[list[Sample], float]:
-    """Open-loop arrivals every 1/rate seconds; returns samples and wall time."""
-    q = shapes.question()
-    results: list[Sample] = [Sample(False)] * len(work)
-    t0 = time.perf_counter()
-
-    def one(i: int) -> None:
-        delay = t0 + i / rate - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        body = {"model": model, "messages": build_messages(work[i], q),
-                "max_tokens": max_tokens, "temperature": 0.0}
-        s = stream_chat(router, body)
-        s.n_images = len(work[i])
-        results[i] = s
-
-    with cf.ThreadPoolExecutor(max_workers=len(work)) as pool:
-        list(pool.map(one, range(len(work))))
-    return results, time.perf_counter() - t0
 
 
 def pct(xs: list[float], p: float) -> float | None:
@@ -146,17 +49,17 @@ def pct(xs: list[float], p: float) -> float | None:
     return round(xs[k] * 1000, 1)
 
 
-def summarize(samples: list[Sample], wall: float) -> dict:
-    ok = [s for s in samples if s.ok]
-    ttft = [s.ttft for s in ok]
-    tpot = [s.tpot for s in ok if s.tpot is not None]
+def summarize(samples: list, wall: float) -> dict:
+    """The fields this comparison prints, from `epdctl bench`'s own report."""
+    r = report.summarize(samples, wall)
     return {
-        "requests": len(samples), "ok": len(ok), "errors": [s.error for s in samples if not s.ok],
-        "ttft_p50_ms": pct(ttft, 50), "ttft_p99_ms": pct(ttft, 99),
-        "tpot_p50_ms": pct(tpot, 50), "tpot_p99_ms": pct(tpot, 99),
-        "latency_p50_ms": pct([s.latency for s in ok], 50),
-        "req_per_s": round(len(ok) / wall, 3), "tok_per_s": round(sum(s.tokens for s in ok) / wall, 2),
-        "images_per_s": round(sum(s.n_images for s in ok) / wall, 2), "wall_s": round(wall, 1),
+        "requests": r["requests"], "ok": r["ok"], "errors": r["first_errors"],
+        "ttft_p50_ms": r["ttft_ms"]["p50"], "ttft_p99_ms": r["ttft_ms"]["p99"],
+        "tpot_p50_ms": r["tpot_ms"]["p50"], "tpot_p99_ms": r["tpot_ms"]["p99"],
+        "latency_p50_ms": r["latency_ms"]["p50"],
+        "req_per_s": r["throughput"]["requests_per_s"],
+        "tok_per_s": r["throughput"]["output_tokens_per_s"],
+        "images_per_s": r["throughput"]["images_per_s"], "wall_s": r["wall_s"],
     }
 
 
@@ -271,17 +174,18 @@ def plan_info(topology: Path) -> dict:
     return info
 
 
-def bench_mode(label: str, topology: Path, work: list[list[bytes]], args: argparse.Namespace,
+def bench_mode(label: str, topology: Path, work: Workload, args: argparse.Namespace,
                env: dict) -> dict:
     info = plan_info(topology)
     up = epdctl("up", str(topology), "--no-canary", "--timeout", str(args.timeout), env=env)
     if up.returncode != 0:
         return {"topology": str(topology), "error": (up.stdout + up.stderr)[-2000:]}
     try:
-        warm = stream_chat(info["router"], {"model": info["model"], "max_tokens": 4,
-                                            "messages": build_messages(work[0][:2], "hi")})
-        samples, wall = run_load(info["router"], info["model"], work, args.rate, args.max_tokens)
-        out = {"topology": str(topology), "warmup_ok": warm.ok, **summarize(samples, wall)}
+        target = Target(info["router"], info["model"])
+        warm, _ = client.run(target, work.with_(images={2: 1.0}, requests=1, max_tokens=4,
+                                                seed=work.seed + 1))
+        samples, wall = client.run(target, work)
+        out = {"topology": str(topology), "warmup_ok": warm[0].ok, **summarize(samples, wall)}
         out["router_overhead"] = router_overhead(info["router"], info, info["model"],
                                                  args.overhead_n, args.seed)
         return out
@@ -316,7 +220,7 @@ def main() -> None:
     ap.add_argument("--epd", type=Path, default=ROOT / "topologies/local.yaml")
     ap.add_argument("--colocated", type=Path, default=ROOT / "topologies/local-colocated.yaml")
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--rate", type=float, default=0.5, help="arrivals per second")
+    ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals per second")
     ap.add_argument("--min-images", type=int, default=4)
     ap.add_argument("--max-images", type=int, default=8)
     ap.add_argument("--repeat", type=float, default=0.3, help="fraction of repeated images")
@@ -332,9 +236,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/epd_vs_colocated.json")
     args = ap.parse_args()
 
-    work = make_workload(args.requests, args.min_images, args.max_images, args.repeat, args.seed)
-    n_img = sum(len(w) for w in work)
-    n_unique = len({hash(p) for w in work for p in w})
+    work = Workload(name="epd-vs-colocated", repeat=args.repeat, max_tokens=args.max_tokens,
+                    rate=args.rate, requests=args.requests, seed=args.seed,
+                    images=parse_images(f"{args.min_images}-{args.max_images}"))
+    src = RequestSource(work)
+    reqs = [src.next() for _ in range(args.requests)]
+    n_img = sum(len(r.pngs) for r in reqs)
+    n_unique = len({p for r in reqs for p in r.pngs})
     tmp = Path(tempfile.mkdtemp(prefix="epdctl-bench-"))
     env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
     if args.port_offset:
