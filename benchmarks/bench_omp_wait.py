@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness import Harness, with_ports_and_env  # noqa: E402
 
 
 def main() -> None:
@@ -39,39 +39,19 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=60)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "omp_wait.json")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="bench-omp-"))
-    env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
-    env.pop("OMP_WAIT_POLICY", None)
-
-    def epdctl(*a: str) -> subprocess.CompletedProcess:
-        p = subprocess.run([sys.executable, "-m", "epdctl", *a], env=env, cwd=ROOT, text=True,
-                           capture_output=True, timeout=900)
-        if p.returncode != 0:
-            sys.exit(f"epdctl {' '.join(a)} failed:\n{p.stdout}\n{p.stderr}")
-        return p
-
-    src = ROOT / "topologies" / "local.yaml"
+    h = Harness("bench-omp-")
+    h.env.pop("OMP_WAIT_POLICY", None)
+    src = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
     runs: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
         for policy in ("DEFAULT", "PASSIVE"):
-            doc = yaml.safe_load(src.read_text())
-            doc["name"] = f"omp-{policy.lower()}"
-            doc["model"]["path"] = str((src.parent / doc["model"]["path"]).resolve())
-            doc["ports"] = {"base": 39500, "limit": 39599}
-            if policy == "DEFAULT":
-                doc["nodes"][0]["env"] = {"OMP_WAIT_POLICY": ""}  # present: no setdefault
-            path = tmp / f"{doc['name']}.yaml"
-            path.write_text(yaml.safe_dump(doc, sort_keys=False))
-            epdctl("up", str(path), "--no-canary", "--skip-preflight")
-            try:
-                out = tmp / f"{doc['name']}-{rnd}.json"
-                epdctl("bench", doc["name"], "--images", "6-8", "--repeat", "0.1",
-                       "--max-tokens", "32", "--rate", str(args.rate), "--requests",
-                       str(args.requests), "--seed", str(rnd), "--json", str(out), "-q")
-                rep = json.loads(out.read_text())["runs"][0]
-            finally:
-                subprocess.run([sys.executable, "-m", "epdctl", "down", doc["name"]], env=env,
-                               cwd=ROOT, capture_output=True, timeout=300)
+            # an empty value is "present": the runtime's setdefault leaves libgomp's default
+            env = {"OMP_WAIT_POLICY": ""} if policy == "DEFAULT" else None
+            name = f"omp-{policy.lower()}"
+            path = h.topology(with_ports_and_env(src, 39500, env), name)
+            rep = h.bench(path, name, "--images", "6-8", "--repeat", "0.1", "--max-tokens", "32",
+                          "--rate", str(args.rate), "--requests", str(args.requests),
+                          "--seed", str(rnd))
             row = {"round": rnd, "policy": policy, "ok": rep["ok"], "requests": rep["requests"],
                    "req_s": rep["throughput"]["requests_per_s"],
                    "ttft_ms": {k: rep["ttft_ms"][k] for k in ("p50", "p90", "p99")},

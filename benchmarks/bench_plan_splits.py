@@ -22,9 +22,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import Harness, with_ports_and_env  # noqa: E402
 from epdctl.bench.plan_io import retopology  # noqa: E402
 
 
@@ -52,38 +51,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "plan_splits.json")
     args = ap.parse_args()
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-plan-"))
-    env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
-
-    def epdctl(*a: str, check: bool = True) -> subprocess.CompletedProcess:
-        p = subprocess.run([sys.executable, "-m", "epdctl", *a], env=env, cwd=ROOT, text=True,
-                           capture_output=True, timeout=1200)
-        if check and p.returncode != 0:
-            sys.exit(f"epdctl {' '.join(a)} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
-        return p
-
-    base = yaml.safe_load(args.topology.read_text())
-    mpath = base["model"]["path"]
-    if not Path(mpath).is_absolute():
-        base["model"]["path"] = str((args.topology.parent / mpath).resolve())
-    base["ports"] = {"base": args.port_base, "limit": args.port_base + 99}
-    if args.threads:
-        for node in base["nodes"]:
-            node["env"] = {**(node.get("env") or {}), "OMP_NUM_THREADS": str(args.threads)}
+    h = Harness("bench-plan-")
+    epdctl = h.epdctl
+    base = with_ports_and_env(yaml.safe_load(args.topology.read_text()), args.port_base,
+                              {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None)
 
     def write(counts: dict[str, int]) -> tuple[str, Path]:
         name = "split-{encoder}-{prefill}-{decode}".format(**counts)
-        path = tmp / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({**retopology(base, counts), "name": name},
-                                       sort_keys=False))
-        return name, path
+        return name, h.topology(retopology(base, counts), name, args.topology.parent)
 
     profile = args.profile
     if profile is None:
         name, path = write({r: base["roles"][r]["count"] for r in ("encoder", "prefill", "decode")})
         epdctl("up", str(path), "--no-canary", "--skip-preflight")
         try:
-            profile = tmp / "profile.json"
+            profile = h.tmp / "profile.json"
             print(epdctl("profile", name, "--out", str(profile)).stdout)
         finally:
             epdctl("down", name, check=False)
@@ -111,14 +93,7 @@ def main() -> None:
             counts = dict(zip(("encoder", "prefill", "decode"), map(int, split.split(":"))))
             name, path = write(counts)
             t0 = time.time()
-            epdctl("up", str(path), "--no-canary", "--skip-preflight")
-            try:
-                out = tmp / f"{name}-{rnd}.json"
-                epdctl("bench", name, "--workload", str(args.workload), "--seed", str(100 + rnd),
-                       "--json", str(out), "-q")
-                rep = json.loads(out.read_text())["runs"][0]
-            finally:
-                epdctl("down", name, check=False)
+            rep = h.bench(path, name, "--workload", str(args.workload), "--seed", str(100 + rnd))
             row = {"round": rnd, "split": split, "ok": rep["ok"], "requests": rep["requests"],
                    "req_s": rep["throughput"]["requests_per_s"],
                    "ttft_ms": {k: rep["ttft_ms"][k] for k in ("mean", "p50", "p90", "p99")},

@@ -171,15 +171,16 @@ def check_pair(prefill: Any, decode: Any, *, tokens: int = 8, tie: float = 0.05,
     return res
 
 
-def _role(w: Any) -> str:
+def role_of(w: Any) -> str:
+    """A worker's role as text, from a plan's WorkerSpec (enum) or a recorded process (str)."""
     return str(getattr(w.role, "value", w.role))
 
 
 def check_pairs(workers: Sequence[Any], **kw: Any) -> list[TokenPair]:
     """Every prefill x decode pair among the leaders of ``workers``."""
     lead = [w for w in workers if getattr(w, "is_leader", True)]
-    pres = [w for w in lead if _role(w) == "prefill"]
-    decs = [w for w in lead if _role(w) == "decode"]
+    pres = [w for w in lead if role_of(w) == "prefill"]
+    decs = [w for w in lead if role_of(w) == "decode"]
     if not pres or not decs:
         raise ProbeError(f"token canary: no prefill/decode pair ({len(pres)} prefill, "
                          f"{len(decs)} decode)")

@@ -92,11 +92,10 @@ def up_token_check(workers: list[Any], cluster: str) -> str:
     One line when it passes; ProbeError naming the pair when it does not."""
     from epdctl.commands.canary_view import human_bytes
     from epdctl.errors import ProbeError
-    from epdctl.token_canary import check_pairs
+    from epdctl.token_canary import check_pairs, role_of
 
     lead = [w for w in workers if getattr(w, "is_leader", True)]
-    first = [next(w for w in lead if str(getattr(w.role, "value", w.role)) == r)
-             for r in ("prefill", "decode")]
+    first = [next(w for w in lead if role_of(w) == r) for r in ("prefill", "decode")]
     [r] = check_pairs(first)
     if not r.ok:
         raise ProbeError(f"token canary {r.label}: {r.reason}; every pair: "

@@ -20,6 +20,7 @@ def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
     from epdctl.canary import run_canary
     from epdctl.commands.canary_view import missing_transfers, render_deltas
     from epdctl.pair_canary import byte_deltas
+    from epdctl.token_canary import role_of
 
     still = (f"the cluster is still running: inspect it with `epdctl status` and `epdctl logs`, "
              f"stop it with `epdctl down {topo.name}`")
@@ -30,14 +31,13 @@ def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
         raise ProbeError(f"{e}\n{still}") from e
     click.echo(render_canary(res))
     if topo.engine == "embedded":  # other engines' /metrics carry no epd transport counters
-        roles = {w.name: str(getattr(w.role, "value", w.role)) for w in plan.workers}
+        roles = {w.name: role_of(w) for w in plan.workers}
         click.echo(render_deltas(deltas, roles))
         missing = missing_transfers(deltas, roles)
         if missing:
             raise ProbeError(f"canary: {'; '.join(missing)} (answer {res.answer[:80]!r}); "
                              f"per pair: `epdctl check --canary {topo.name}`\n{still}")
-    if topo.engine in ("embedded", "sglang") and any(
-            str(getattr(w.role, "value", w.role)) == "decode" for w in plan.workers):
+    if topo.engine in ("embedded", "sglang") and any(role_of(w) == "decode" for w in plan.workers):
         from epdctl.commands.check_canary import up_token_check
 
         try:

@@ -26,6 +26,14 @@ class SamplingParams:
                 "seed": self.seed, "stop_token_ids": list(self.stop_token_ids), "ignore_eos": self.ignore_eos}
 
     @classmethod
+    def for_answer(cls, *, max_tokens: int, temperature: float, top_p: float, seed: int | None,
+                   eos_token_ids: list[int], ignore_eos: bool = False) -> "SamplingParams":
+        """A client's request: the model's EOS ends the answer, unless ``ignore_eos`` (SGLang's
+        and vLLM's extension: run to max_tokens)."""
+        return cls(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                   stop_token_ids=[] if ignore_eos else list(eos_token_ids), ignore_eos=ignore_eos)
+
+    @classmethod
     def from_dict(cls, d: dict) -> "SamplingParams":
         return cls(**{k: d[k] for k in ("max_tokens", "temperature", "top_p", "seed", "stop_token_ids",
                                             "ignore_eos") if k in d})

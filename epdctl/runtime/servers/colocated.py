@@ -67,9 +67,9 @@ class ColocatedServer:
                 "num_used_tokens": sum(self.used_tokens.values())}
 
     def _params(self, req: Any) -> Any:
-        return self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                              seed=req.seed, ignore_eos=req.ignore_eos,
-                              stop_token_ids=[] if req.ignore_eos else list(self.bundle.eos_token_ids))
+        return self._Sampling.for_answer(max_tokens=req.max_tokens, temperature=req.temperature,
+                                         top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                                         eos_token_ids=self.bundle.eos_token_ids)
 
     async def health_generate(self) -> dict[str, Any]:
         """A real two-token generation through the whole in-process pipeline."""

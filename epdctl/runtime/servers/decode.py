@@ -8,10 +8,11 @@ client left is still received and dropped at once, so it never lingers in memory
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from typing import Any
+from typing import Any, AsyncIterator
 
 import aiohttp
 from aiohttp import web
@@ -205,22 +206,16 @@ class DecodeServer:
         self.late.add(task)
         task.add_done_callback(self.late.discard)
 
-    async def _generate(self, request: web.Request, req: Any, meta: dict, tensors: dict, kv_wait_ms: float,
-                        t_arrival: float) -> web.StreamResponse:
-        check_context(int(meta.get("prompt_len", 0)), req.max_tokens, self.info.context_length)
+    @contextlib.asynccontextmanager
+    async def sequence(self, room: Any, meta: dict, tensors: dict, params: Any) -> AsyncIterator[tuple[str, Any, float]]:
+        """The room's received KV as a running sequence: (seq_id, token queue, KV bytes). Waits
+        for a decode slot (counted in queue_depth meanwhile); the slot and the sequence's
+        /v1/loads tokens are given back however the answer ends. Shared by chat and /generate."""
+        check_context(int(meta.get("prompt_len", 0)), params.max_tokens, self.info.context_length)
         result = self._wire.tensors_to_prefill_result(meta, tensors)
-        kv_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        del tensors
-        params = self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                                seed=req.seed, ignore_eos=req.ignore_eos,
-                                stop_token_ids=[] if req.ignore_eos else list(self.bundle.eos_token_ids))
-        pt = meta.get("timings", {})
-        sent_at = float(meta.get("sent_at", time.time()))
-        timings = {"encode_ms": pt.get("encode_ms", 0.0), "prefill_ms": pt.get("prefill_ms", 0.0),
-                   "kv_transfer_ms": max(0.0, (time.time() - sent_at) * 1000.0), "kv_wait_ms": kv_wait_ms,
-                   "kv_bytes": float(kv_bytes), "embedding_bytes": pt.get("embedding_bytes", 0.0)}
-        self.gm.stage.observe(kv_wait_ms / 1000.0, {"stage": "kv_wait"})
-        seq_id = f"{req.bootstrap_room}-{uuid.uuid4().hex[:8]}"
+        kv_bytes = float(sum(t.numel() * t.element_size() for t in tensors.values()))
+        tensors.clear()
+        seq_id = f"{room}-{uuid.uuid4().hex[:8]}"
         self.waiting_slot += 1
         try:
             await self.slots.acquire()
@@ -229,14 +224,29 @@ class DecodeServer:
         try:
             tokens = await self.loop.add(seq_id, result, params)
             del result  # the engine owns the KV now; don't pin it for the whole response
+            yield seq_id, tokens, kv_bytes
+        finally:
+            self.used_tokens.pop(seq_id, None)
+            self.slots.release()
+
+    async def _generate(self, request: web.Request, req: Any, meta: dict, tensors: dict, kv_wait_ms: float,
+                        t_arrival: float) -> web.StreamResponse:
+        params = self._Sampling.for_answer(max_tokens=req.max_tokens, temperature=req.temperature,
+                                           top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                                           eos_token_ids=self.bundle.eos_token_ids)
+        pt = meta.get("timings", {})
+        sent_at = float(meta.get("sent_at", time.time()))
+        timings = {"encode_ms": pt.get("encode_ms", 0.0), "prefill_ms": pt.get("prefill_ms", 0.0),
+                   "kv_transfer_ms": max(0.0, (time.time() - sent_at) * 1000.0), "kv_wait_ms": kv_wait_ms,
+                   "embedding_bytes": pt.get("embedding_bytes", 0.0)}
+        self.gm.stage.observe(kv_wait_ms / 1000.0, {"stage": "kv_wait"})
+        async with self.sequence(req.bootstrap_room, meta, tensors, params) as (seq_id, tokens, kv_bytes):
+            timings["kv_bytes"] = kv_bytes
             return await self.gm.stream(request, req, seq_id=seq_id, tokens=tokens,
                                         prompt_len=int(meta.get("prompt_len", 0)), loop=self.loop,
                                         used_tokens=self.used_tokens, detok=self._detok,
                                         stop_ids=set(params.stop_token_ids), t_arrival=t_arrival,
                                         timings=timings)
-        finally:
-            self.used_tokens.pop(seq_id, None)
-            self.slots.release()
 
     def _detok(self, ids: list[int]) -> str:
         return self.bundle.tokenizer.decode(ids, skip_special_tokens=True)

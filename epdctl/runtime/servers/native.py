@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 from aiohttp import web
 
 from epdctl.runtime.native_api import (
-    generate_response, parse_generate, tokenize_response, top_logprobs,
+    FAKE_BOOTSTRAP_HOST, generate_response, parse_generate, tokenize_response, top_logprobs,
 )
 from epdctl.runtime.openai_api import ApiError, check_context
 from epdctl.runtime.servers.common import json_response, read_json, to_api_error
@@ -43,9 +42,9 @@ def _detok(server: Any, ids: list[int]) -> str:
 def _sampling(server: Any, req: Any) -> Any:
     from epdctl.runtime.sampling import SamplingParams
 
-    stops = [] if req.ignore_eos else list(server.bundle.eos_token_ids)
-    return SamplingParams(max_tokens=req.max_new_tokens, temperature=req.temperature, top_p=req.top_p,
-                          seed=req.seed, stop_token_ids=stops, ignore_eos=req.ignore_eos)
+    return SamplingParams.for_answer(max_tokens=req.max_new_tokens, temperature=req.temperature,
+                                     top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                                     eos_token_ids=server.bundle.eos_token_ids)
 
 
 async def prefill_generate(server: Any, request: web.Request) -> web.Response:
@@ -57,7 +56,7 @@ async def prefill_generate(server: Any, request: web.Request) -> web.Response:
     try:
         req = parse_generate(body, require_room=True, **_limits(server))
     except ApiError as err:
-        if body.get("bootstrap_host") != "2.2.2.2":
+        if body.get("bootstrap_host") != FAKE_BOOTSTRAP_HOST:
             server._fail_partner(body.get("bootstrap_room"), err)
         server.m_requests.inc(labels={"status": str(err.status)})
         raise
@@ -102,8 +101,8 @@ async def decode_generate(server: Any, request: web.Request) -> web.Response:
     try:
         req = parse_generate(await read_json(request), require_room=True, **_limits(server))
         if req.prefill_only:
-            raise ApiError(400, "bootstrap_host 2.2.2.2 asks for a prefill-only run; send it to a "
-                                "prefill worker", "invalid_value")
+            raise ApiError(400, f"bootstrap_host {FAKE_BOOTSTRAP_HOST} asks for a prefill-only run; "
+                                "send it to a prefill worker", "invalid_value")
         if not req.bootstrap_host or req.bootstrap_port is None:
             raise ApiError(400, "missing 'bootstrap_host'/'bootstrap_port': the decode must know the "
                                 "prefill's bootstrap server (the PD router adds them)", "missing_field")
@@ -119,39 +118,30 @@ async def decode_generate(server: Any, request: web.Request) -> web.Response:
 async def _decode(server: Any, req: Any, meta: dict, tensors: dict, kv_wait_ms: float,
                   t_arrival: float) -> dict[str, Any]:
     prompt_len = int(meta.get("prompt_len", 0))
-    check_context(prompt_len, req.max_new_tokens, server.info.context_length)
-    result = server._wire.tensors_to_prefill_result(meta, tensors)
-    kv_bytes = float(sum(t.numel() * t.element_size() for t in tensors.values()))
-    del tensors
-    params = _sampling(server, req)
-    seq_id = f"{req.bootstrap_room}-{uuid.uuid4().hex[:8]}"
     ids: list[int] = []
-    await server.slots.acquire()
-    server.used_tokens[seq_id] = prompt_len
-    finished = False
-    try:
-        q = await server.loop.add(seq_id, result, params)
-        del result
-        t_first = None
-        while True:
-            item = await q.get()
-            if isinstance(item, BaseException):
-                raise ApiError(500, f"decode failed: {type(item).__name__}: {item}", "decode_failed",
-                               "server_error")
-            t_first = t_first or time.perf_counter()
-            ids.append(int(item[0]))
-            server.used_tokens[seq_id] += 1
-            if item[1]:
-                finished = True
-                break
-    except asyncio.CancelledError:
-        server.gm.disconnects.inc()
-        raise
-    finally:
-        if not finished:
-            server.loop.abort(seq_id)
-        server.used_tokens.pop(seq_id, None)
-        server.slots.release()
+    t_first = None
+    async with server.sequence(req.bootstrap_room, meta, tensors, _sampling(server, req)) as (
+            seq_id, q, kv_bytes):
+        server.used_tokens[seq_id] = prompt_len
+        finished = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise ApiError(500, f"decode failed: {type(item).__name__}: {item}",
+                                   "decode_failed", "server_error")
+                t_first = t_first or time.perf_counter()
+                ids.append(int(item[0]))
+                server.used_tokens[seq_id] += 1
+                if item[1]:
+                    finished = True
+                    break
+        except asyncio.CancelledError:
+            server.gm.disconnects.inc()
+            raise
+        finally:
+            if not finished:
+                server.loop.abort(seq_id)
     server.gm.tokens.inc(len(ids))
     if t_first is not None:
         server.gm.ttft.observe(t_first - t_arrival)

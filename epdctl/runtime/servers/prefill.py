@@ -93,8 +93,9 @@ class PrefillServer:
         return {"prompt_tokens": result.prompt_len, "first_token": result.first_token}
 
     def sampling(self, req: Any) -> Any:
-        return self._Sampling(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p,
-                              seed=req.seed, stop_token_ids=list(self.bundle.eos_token_ids))
+        return self._Sampling.for_answer(max_tokens=req.max_tokens, temperature=req.temperature,
+                                         top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                                         eos_token_ids=self.bundle.eos_token_ids)
 
     async def h_chat(self, request: web.Request) -> web.Response:
         t_arrival = time.perf_counter()
