@@ -25,6 +25,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "down": ("cluster", "down"),
     "logs": ("cluster", "logs"),
     "check": ("check", "check"),
+    "diagnose": ("diagnose", "diagnose"),
     "rebalance": ("rebalance", "rebalance"),
     "history": ("rebalance", "history"),
     "bench": ("bench", "bench"),

@@ -3,8 +3,9 @@
 Why pure functions over captured text: the checks must be testable against recorded outputs of
 real machines (tests/fixtures/preflight/), and this machine has neither RDMA devices nor GPUs.
 Every parser tolerates the variations seen in the wild (tabs vs spaces, ``ibv_devinfo`` with
-and without ``-v``, ``nvidia-smi`` csv with units) and raises ``ValueError`` on text it cannot
-read, so a caller can report "unreadable output" rather than a wrong fact.
+and without ``-v``, ``nvidia-smi`` csv with units). The RDMA readers live in ``rdma_text`` and
+never raise; the others raise ``ValueError`` on text they cannot read. Judgements (pass, warn,
+fail with advice) are made in ``diagnose`` and the ``*_judge`` modules.
 """
 
 from __future__ import annotations
@@ -12,128 +13,18 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-# IB speeds per lane in Gbit/s as ibv_devinfo -v prints them (``active_speed: 25.0 Gbps (32)``).
-_WIDTH_LANES = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
-
-
-@dataclass(frozen=True)
-class IbPort:
-    """One port of an RDMA device, as ``ibv_devinfo`` or ``ibstat`` describe it."""
-
-    device: str
-    port: int
-    state: str                      # ACTIVE | DOWN | INIT | ARMED | POLLING ... (upper case)
-    phys_state: str = ""            # LINKUP | POLLING | DISABLED ... ('' when not printed)
-    link_layer: str = ""            # InfiniBand | Ethernet | '' (old ibv_devinfo omits it)
-    rate_gbps: float | None = None  # ibstat "Rate", or width x speed from ibv_devinfo -v
-    active_mtu: int | None = None
-    max_mtu: int | None = None
-    gids: dict[int, str] = field(default_factory=dict)
-    gid_types: dict[int, str] = field(default_factory=dict)   # index -> "RoCE v2" / "RoCE v1" / "IB"
-
-
-def _state_word(value: str) -> str:
-    """``PORT_ACTIVE (4)`` / ``Active`` / ``4: ACTIVE`` -> ``ACTIVE``."""
-    v = re.sub(r"\(\d+\)", "", value).strip()
-    v = v.split(":", 1)[-1].strip()
-    v = v.upper().removeprefix("PORT_")
-    return v
-
+from epdctl.preflight.rdma_text import IbPort, read_ibstat, read_ibv_devinfo
 
 def parse_ibv_devinfo(text: str) -> list[IbPort]:
-    """Ports from ``ibv_devinfo`` (plain or ``-v``): state, link layer, MTU, GIDs, rate."""
-    ports: list[IbPort] = []
-    device: str | None = None
-    cur: dict | None = None
-
-    def flush() -> None:
-        if cur is not None:
-            width, speed = cur.pop("width", None), cur.pop("speed", None)
-            if cur.get("rate_gbps") is None and width and speed is not None:
-                cur["rate_gbps"] = _WIDTH_LANES.get(width, 0) * speed
-            ports.append(IbPort(**cur))
-
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("hca_id:"):
-            flush()
-            cur = None
-            device = line.split(":", 1)[1].strip()
-            continue
-        m = re.match(r"port:\s*(\d+)$", line)
-        if m and device is not None:
-            flush()
-            cur = {"device": device, "port": int(m.group(1)), "state": "", "gids": {},
-                   "gid_types": {}}
-            continue
-        if cur is None:
-            continue
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "state":
-            cur["state"] = _state_word(value)
-        elif key == "phys_state":
-            cur["phys_state"] = _state_word(value)
-        elif key == "link_layer":
-            cur["link_layer"] = value
-        elif key in ("active_mtu", "max_mtu"):
-            cur[key] = int(value.split()[0])
-        elif key == "active_width":
-            cur["width"] = value.split()[0]
-        elif key == "active_speed":
-            m2 = re.match(r"([\d.]+)\s*Gbps", value)
-            if m2:
-                cur["speed"] = float(m2.group(1))
-        else:
-            m3 = re.match(r"GID\[\s*(\d+)\]", key)
-            if m3:
-                gid, _, kind = line.split(":", 1)[1].strip().partition(",")
-                idx = int(m3.group(1))
-                cur["gids"][idx] = gid.strip()
-                if kind.strip():
-                    cur["gid_types"][idx] = kind.strip()
-    flush()
-    if not ports and "hca_id" in text:
-        raise ValueError("ibv_devinfo output names devices but no ports")
-    return ports
+    """Ports from ``ibv_devinfo`` (plain or ``-v``); see ``rdma_text.read_ibv_devinfo``."""
+    return read_ibv_devinfo(text).ports
 
 
 def parse_ibstat(text: str) -> list[IbPort]:
-    """Ports from ``ibstat``: ``CA 'mlx5_0'`` blocks with State / Physical state / Rate / Link layer."""
-    ports: list[IbPort] = []
-    device: str | None = None
-    cur: dict | None = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        m = re.match(r"CA '([^']+)'", line)
-        if m:
-            if cur:
-                ports.append(IbPort(**cur))
-            device, cur = m.group(1), None
-            continue
-        m = re.match(r"Port (\d+):$", line)
-        if m and device is not None:
-            if cur:
-                ports.append(IbPort(**cur))
-            cur = {"device": device, "port": int(m.group(1)), "state": ""}
-            continue
-        if cur is None:
-            continue
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "State":
-            cur["state"] = _state_word(value)
-        elif key == "Physical state":
-            cur["phys_state"] = _state_word(value)
-        elif key == "Rate":
-            cur["rate_gbps"] = float(value.split()[0])
-        elif key == "Link layer":
-            cur["link_layer"] = value
-    if cur:
-        ports.append(IbPort(**cur))
-    return ports
+    """Ports from ``ibstat``; see ``rdma_text.read_ibstat``."""
+    return read_ibstat(text).ports
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,82 @@
+"""Fuzz every tool reader/judge with mutated real outputs: each returns a judgement (or a clear
+"not recognised"), never an exception. The readers are called directly, not only through
+``judge_text`` (whose safety net would hide a reader that raises)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from epdctl.preflight import gpu_text, host_judge, mooncake_log, perftest_judge, rdma_judge
+from epdctl.preflight import rdma_netdev, rdma_text
+from epdctl.preflight.diagnose import judge_text, recognise
+from epdctl.preflight.judgement import Judgement
+from epdctl.preflight.textprep import prepare
+
+REAL = Path(__file__).parent / "fixtures" / "preflight" / "real"
+SEEDS = sorted(p.read_text(errors="replace") for p in REAL.iterdir() if p.name != "INDEX.yaml")
+
+READERS = [
+    lambda t: rdma_judge.judge_ports("ibv_devinfo", rdma_text.read_ibv_devinfo(t)),
+    lambda t: rdma_judge.judge_ports("ibstat", rdma_text.read_ibstat(t)),
+    lambda t: rdma_judge.judge_ports("ibstatus", rdma_text.read_ibstatus(t)),
+    lambda t: rdma_netdev.judge_ibdev2netdev(rdma_netdev.read_ibdev2netdev(t)),
+    lambda t: rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(t)),
+    perftest_judge.judge_perftest,
+    mooncake_log.judge_mooncake,
+    host_judge.judge_lsmod,
+    host_judge.judge_ulimit,
+    *[lambda t, s=s: gpu_text.judge_nvidia_smi(t, s) for s in ("table", "csv", "list", "q", "error")],
+    judge_text,
+]
+NOISE = st.sampled_from(["", ":", ",", "ERR!", "N/A", "PORT_ACTIVE (4)", "port:\t1", "hca_id:",
+                         "CA '", "State: Active", "Rate: x", "GPU 0:", "0x", "65535", "(Up)",
+                         "==>", "GID[ 3]:", "fe80::", "[N/A]", "Pending : Yes", "I0101 0:0:0.0 1 "
+                         "rdma_context.cpp:1] RDMA device: x, LID: 9, GID: (GID_Index 3) fe:80",
+                         "\t", "\x00", "é", "²", "--5", "³ 5 5", " 8 5000 0.1", "BW average[Gb/sec]", "Attached GPUs : 9"])
+
+
+@st.composite
+def mutated(draw) -> str:
+    lines = draw(st.sampled_from(SEEDS)).splitlines()
+    for _ in range(draw(st.integers(0, 6))):
+        op = draw(st.sampled_from(["drop", "cut", "insert", "dup", "swap"]))
+        if not lines:
+            lines = [""]
+        i = draw(st.integers(0, len(lines) - 1))
+        if op == "drop":
+            del lines[i]
+        elif op == "cut":
+            lines[i] = lines[i][:draw(st.integers(0, max(0, len(lines[i]))))]
+        elif op == "insert":
+            lines.insert(i, draw(NOISE) + draw(st.text(max_size=12)))
+        elif op == "dup":
+            lines.insert(i, lines[i])
+        else:
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+    return "\n".join(lines)
+
+
+def _sane(j: Judgement) -> None:
+    assert isinstance(j, Judgement)
+    assert j.verdict in ("pass", "warn", "fail")
+    assert all(f.level in ("pass", "warn", "fail") for f in j.findings)
+    j.to_json()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_every_reader_survives_mutated_real_outputs(text):
+    recognise(prepare(text))
+    for read in READERS:
+        _sane(read(text))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=400))
+def test_every_reader_survives_arbitrary_text(text):
+    for read in READERS:
+        _sane(read(text))
