@@ -34,10 +34,16 @@ def _fmt(v: float | None, spec: str = ".3g") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _label(report: CheckReport, i: Any) -> str:
+    if report.failed(i):
+        return "FAIL" if i.status == "fail" else "FAIL(strict)"
+    return "WARN" if i.status == "warn" else "ok"
+
+
 def render_table(report: CheckReport, transport: str, threshold: float) -> str:
     """The human view: node checks, then the link matrix; failures carry their reason."""
     rows = [("NODE", "CHECK", "RESULT", "DETAIL")]
-    rows += [(i.node, i.check, "ok" if i.ok else "FAIL", i.detail) for i in report.items]
+    rows += [(i.node, i.check, _label(report, i), i.detail) for i in report.items]
     w = [max(len(r[k]) for r in rows) for k in range(3)]
     lines = ["  ".join(r[k].ljust(w[k]) for k in range(3)) + "  " + r[3] for r in rows]
     if report.links_checked:
@@ -57,8 +63,11 @@ def render_table(report: CheckReport, transport: str, threshold: float) -> str:
             for row, why in zip(lrows, [""] + reasons):
                 text = "  ".join(row[k].ljust(lw[k]) for k in range(len(row))).rstrip()
                 lines.append(text + (f"  {why}" if why else ""))
-    failed = sum(not i.ok for i in report.items) + sum(not r.ok for r in report.links)
-    lines += ["", "all checks passed" if not failed else f"{failed} check(s) failed"]
+    failed = sum(report.failed(i) for i in report.items) + sum(not r.ok for r in report.links)
+    warned = sum(i.status == "warn" for i in report.items)
+    tail = "all checks passed" if not failed else f"{failed} check(s) failed"
+    lines += ["", tail + (f", {warned} warning(s)" if warned else "")
+              + (" (--strict: warnings fail)" if report.strict and warned else "")]
     return "\n".join(lines)
 
 
@@ -81,9 +90,12 @@ def render_table(report: CheckReport, transport: str, threshold: float) -> str:
               help="First port the link agents listen on (one per receiving NIC).")
 @click.option("--min-disk-gb", type=float, default=1.0, show_default=True,
               help="Free space required on the model's filesystem.")
+@click.option("--strict", is_flag=True,
+              help="Warnings (no subnet manager, MTU below max, mixed rail rates, ...) fail too.")
 def check(topology: str | None, canary: bool, with_links: bool, as_json: bool, threshold: float,
-          seconds: float, agent_port: int, min_disk_gb: float) -> None:
-    """Preflight TOPOLOGY's nodes: RDMA ports, GPUs, limits, versions, ports; exit 1 on failure.
+          seconds: float, agent_port: int, min_disk_gb: float, strict: bool) -> None:
+    """Preflight TOPOLOGY's nodes: RDMA ports, GPUs, limits, versions, ports; exit 1 on failure
+    (ok / WARN / FAIL per item; see `epdctl diagnose` for one saved tool output).
 
     With --canary, check a running cluster's transfers pair by pair instead.
     """
@@ -103,7 +115,7 @@ def check(topology: str | None, canary: bool, with_links: bool, as_json: bool, t
     topo, plan = _load(topology)
     report = run_check(topo, runners_for(topo), plan=plan, links=with_links,
                        threshold=threshold, seconds=seconds, agent_port=agent_port,
-                       min_disk_gb=min_disk_gb)
+                       min_disk_gb=min_disk_gb, strict=strict)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

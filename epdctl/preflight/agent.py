@@ -27,11 +27,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from epdctl.preflight import sysfs_rdma  # standard library only, like this module
+
 # (probe name, argv) run by `facts`; a missing tool is recorded as rc 127, not an error.
 PROBES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ibv_devinfo", ("ibv_devinfo", "-v")),
     ("ibstat", ("ibstat",)),
     ("nvidia_smi", ("nvidia-smi", "--query-gpu=index,name,uuid,memory.total", "--format=csv")),
+    ("nvidia_smi_health", ("nvidia-smi", "--query-gpu=index,name,uuid,memory.total,pstate,"
+                           "ecc.errors.uncorrected.volatile.total,remapped_rows.pending,"
+                           "remapped_rows.failure", "--format=csv")),
     ("nvidia_smi_L", ("nvidia-smi", "-L")),
     ("lsmod", ("lsmod",)),
     ("ulimit_l", ("sh", "-c", "ulimit -l")),
@@ -75,6 +80,9 @@ def facts(model_path: str | None) -> dict[str, Any]:
     if probes["lsmod"]["rc"] == 127:
         probes["lsmod"] = _read("/proc/modules")
     probes["uname_r"] = {"rc": 0, "out": platform.release()}
+    probes["ibstatus"] = _sysfs_probe(sysfs_rdma.ibstatus_text)
+    probes["ibdev2netdev"] = _sysfs_probe(sysfs_rdma.ibdev2netdev_text)
+    probes["gid_table"] = _sysfs_probe(sysfs_rdma.gid_table_text)
     probes["nvidia_driver"] = _read("/proc/driver/nvidia/version")
     path = Path(model_path) if model_path else Path("/")
     probe = path
@@ -92,6 +100,16 @@ def facts(model_path: str | None) -> dict[str, Any]:
     exists = {model_path: path.exists()} if model_path else {}
     return {"probes": probes, "versions": versions, "path_exists": exists,
             "hostname": platform.node()}
+
+
+def _sysfs_probe(render: Any) -> dict[str, Any]:
+    """A probe computed from sysfs; rc 127 when the node has no RDMA subsystem."""
+    if not sysfs_rdma.IB_SYSFS.is_dir():
+        return {"rc": 127, "out": "", "err": f"{sysfs_rdma.IB_SYSFS}: no RDMA devices"}
+    try:
+        return {"rc": 0, "out": render(sysfs_rdma.IB_SYSFS)}
+    except OSError as e:
+        return {"rc": 1, "out": "", "err": f"{e.filename}: {e.strerror}"}
 
 
 def _owner(ip: str) -> tuple[str | None, str]:

@@ -67,6 +67,21 @@ def recognise(prep: Prepared) -> tuple[str, str] | None:
     return None
 
 
+def unrecognised(text: str | None, tools: tuple[str, ...]) -> str | None:
+    """A reason when ``text`` (a probe's output) is not output of one of ``tools``; else None."""
+    if text is None or not text.strip():
+        return None
+    try:
+        found = recognise(prepare(text))
+    except Exception:  # noqa: BLE001 - unreadable is exactly what we report
+        found = None
+    if found is not None and found[0] in tools:
+        return None
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    what = f"looks like {found[0]} output" if found else "not recognised"
+    return f"{' / '.join(tools)} printed text that is {what}: {first[:100]!r}"
+
+
 def _looks_csv(lines: list[str], prep: Prepared) -> bool:
     if any("--query-gpu" in a for a in prep.args):
         return True

@@ -1,35 +1,53 @@
-"""NIC checks: RDMA device present, port ACTIVE, link layer and rate as declared, GID and MTU
-usable (ibv_devinfo/ibstat), and plain interfaces up with their declared address (ip addr)."""
+"""NIC checks: RDMA device present, port ACTIVE (with advice specific to INIT / POLLING /
+DISABLED / link-up-but-down), link layer and rate as declared, GID and MTU usable, and the
+secondary facts as warnings (no subnet manager, all-zero GUID, MTU below max, rails at mixed
+rates); plain interfaces up with their declared address (ip addr).
+
+Tool output is read whatever the tool's exit status (ibv_devinfo exits 1 when one device fails
+to open, while printing the healthy ones).
+"""
 
 from __future__ import annotations
 
 import ipaddress
 
-from epdctl.preflight import parsers
+from epdctl.preflight import parsers, rdma_judge, rdma_netdev, rdma_text
+from epdctl.preflight.diagnose import unrecognised
 from epdctl.preflight.records import RDMA_KINDS, CheckItem, Facts, NicExpect, NodeExpect
 from epdctl.preflight.records import item as _item
+from epdctl.preflight.records import leveled
 
 _LAYER = {"ib": "InfiniBand", "roce": "Ethernet"}
 MIN_ACTIVE_MTU = 1024
 
 
-def rdma_ports(facts: Facts) -> tuple[dict[str, parsers.IbPort], str | None]:
-    """Ports by device name (first port of each), merging ``ibv_devinfo -v`` with ``ibstat``."""
-    merged: dict[str, parsers.IbPort] = {}
-    devinfo, ibstat = facts.out("ibv_devinfo"), facts.out("ibstat")
-    if devinfo is None and ibstat is None:
+def rdma_ports(facts: Facts) -> tuple[dict[str, rdma_text.IbPort], str | None]:
+    """Ports by device name (first port of each), merging ``ibv_devinfo -v``, ``ibstat`` and the
+    agent's sysfs rendering of ``ibstatus`` (present even where the tools are not installed)."""
+    merged: dict[str, rdma_text.IbPort] = {}
+    errors: list[str] = []
+    seen_text = False
+    for probe, reader in (("ibv_devinfo", rdma_text.read_ibv_devinfo),
+                          ("ibstat", rdma_text.read_ibstat),
+                          ("ibstatus", rdma_text.read_ibstatus)):    # ibstatus: from sysfs
+        text = facts.text(probe)
+        if text is None:
+            continue
+        seen_text = True
+        got = reader(text)
+        errors += got.errors
+        for p in got.ports:
+            if p.device == rdma_text.NO_DEVICE:
+                continue
+            old = merged.get(p.device)
+            merged[p.device] = p if old is None else (
+                rdma_text.merge(old, p) if old.port == p.port else old)
+    if not seen_text:
         return {}, f"ibv_devinfo {facts.why_missing('ibv_devinfo')}"
-    for p in parsers.parse_ibv_devinfo(devinfo or ""):
-        merged.setdefault(p.device, p)
-    for p in parsers.parse_ibstat(ibstat or ""):
-        old = merged.get(p.device)
-        if old is None:
-            merged[p.device] = p
-        elif old.rate_gbps is None or not old.link_layer:
-            merged[p.device] = parsers.IbPort(
-                old.device, old.port, old.state or p.state, old.phys_state or p.phys_state,
-                old.link_layer or p.link_layer, old.rate_gbps if old.rate_gbps else p.rate_gbps,
-                old.active_mtu, old.max_mtu, old.gids, old.gid_types)
+    if not merged:
+        odd = unrecognised(facts.text("ibv_devinfo"), ("ibv_devinfo",))
+        said = "; ".join(dict.fromkeys(errors)) or odd or facts.why_missing("ibv_devinfo")
+        return {}, f"the RDMA tools list no device ({said})"
     return merged, None
 
 
@@ -38,6 +56,7 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
     ifaces = _ifaces(facts)
     rdma = [n for n in expect.nics if n.kind in RDMA_KINDS]
     ports, why = rdma_ports(facts) if rdma else ({}, None)
+    gid_rows = _gid_rows(facts) if rdma else []
     for nic in expect.nics:
         tag = f"nic {nic.name}"
         if nic.kind not in RDMA_KINDS:
@@ -52,12 +71,11 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
                                f"the topology or load the driver"))
             continue
         items.append(_item(expect, f"{tag} device", True, f"{nic.name} port {port.port}"))
-        active = port.state == "ACTIVE"
+        problem = rdma_judge.port_problem(port)
         phys = f", physical {port.phys_state}" if port.phys_state else ""
-        items.append(_item(expect, f"{tag} state", active,
-                           f"port {port.port} {port.state or 'unknown'}{phys}" + (
-                               "" if active else "; bring the link up (cable, switch port, "
-                               "subnet manager for InfiniBand)")))
+        items.append(_item(expect, f"{tag} state", problem is None,
+                           f"port {port.port} {port.state or 'unknown'}{phys}"
+                           + (f"; {problem[1]}" if problem else "")))
         want = _LAYER[nic.kind]
         if port.link_layer:
             ok = port.link_layer == want
@@ -71,13 +89,34 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
                                f"{port.rate_gbps:g} Gb/s" + ("" if ok else
                                f", below the declared {nic.speed_gbps:g} Gb/s (degraded link "
                                f"width/speed or wrong NIC)")))
-        items += _check_gid_mtu(expect, nic, port)
+        items += _check_gid_mtu(expect, nic, port, [r for r in gid_rows if r.device == nic.name])
+        for level, msg, advice, _ in rdma_judge._secondary(port):
+            if "MTU" not in msg:
+                key = "guid" if "GUID" in msg else "lid"
+                items.append(leveled(expect, f"{tag} {key}", level, f"{msg}; {advice}"))
         if nic.ip:
             items.append(_check_ip(expect, nic, ifaces))
+    items += _mixed_rates(expect, [ports[n.name] for n in rdma if n.name in ports])
     return items
 
 
-def _check_gid_mtu(expect: NodeExpect, nic: NicExpect, port: parsers.IbPort) -> list[CheckItem]:
+def _mixed_rates(expect: NodeExpect, used: list[rdma_text.IbPort]) -> list[CheckItem]:
+    rates = {p.rate_gbps for p in used if p.rate_gbps and p.state == "ACTIVE"}
+    if len(rates) < 2:
+        return []
+    desc = ", ".join(f"{p.device} {p.rate_gbps:g}" for p in used if p.rate_gbps)
+    return [leveled(expect, "rails rate", "warn",
+                    f"the declared RDMA NICs run at different rates ({desc} Gb/s): transfers "
+                    f"striped over them are capped by the slowest; check cables/width (mlxlink)")]
+
+
+def _gid_rows(facts: Facts) -> list[rdma_netdev.GidRow]:
+    text = facts.text("gid_table")
+    return rdma_netdev.read_show_gids(text) if text else []
+
+
+def _check_gid_mtu(expect: NodeExpect, nic: NicExpect, port: rdma_text.IbPort,
+                   rows: list[rdma_netdev.GidRow]) -> list[CheckItem]:
     items = []
     tag = f"nic {nic.name}"
     if port.active_mtu is not None:
@@ -85,6 +124,13 @@ def _check_gid_mtu(expect: NodeExpect, nic: NicExpect, port: parsers.IbPort) -> 
         items.append(_item(expect, f"{tag} mtu", ok, f"active MTU {port.active_mtu}" + (
             "" if ok else f" (< {MIN_ACTIVE_MTU}); raise the MTU of the port or its netdev, and "
             f"match MC_MTU")))
+        if ok and port.max_mtu and port.active_mtu < port.max_mtu:
+            items.append(leveled(expect, f"{tag} mtu max", "warn",
+                                 f"active MTU {port.active_mtu} below the port's max "
+                                 f"{port.max_mtu}; raise the netdev MTU (>= 4200) on both ends"))
+    if nic.kind == "roce" and rows:
+        items.append(_gid_from_table(expect, nic, rows))
+        return items
     if port.gids:
         usable = {i: g for i, g in port.gids.items() if not _zero_gid(g)}
         if not usable:
@@ -95,12 +141,35 @@ def _check_gid_mtu(expect: NodeExpect, nic: NicExpect, port: parsers.IbPort) -> 
             idx = [i for i, g in usable.items() if _gid_ipv4(g) == nic.ip
                    and port.gid_types.get(i, "RoCE v2") == "RoCE v2"]
             items.append(_item(expect, f"{tag} gid", bool(idx),
-                               f"RoCE v2 GID index {idx[0]} maps {nic.ip}" if idx else
+                               f"RoCE v2 GID index {idx[0]} maps {nic.ip}" + (
+                                   f"; set {rdma_netdev.GID_ENV} to {idx[0]}" if idx[0] != 3
+                                   else "") if idx else
                                f"no RoCE v2 GID maps {nic.ip}; check the netdev's IP and "
                                f"MC_GID_INDEX"))
         else:
             items.append(_item(expect, f"{tag} gid", True, f"{len(usable)} usable GID(s)"))
     return items
+
+
+def _gid_from_table(expect: NodeExpect, nic: NicExpect, rows: list[rdma_netdev.GidRow]
+                    ) -> CheckItem:
+    tag = f"nic {nic.name} gid"
+    if nic.ip:
+        match = [r for r in rows if r.version == "v2" and (r.ipv4 == nic.ip or _gid_ipv4(r.gid)
+                                                           == nic.ip)]
+        if match:
+            idx = match[0].index
+            return _item(expect, tag, True, f"RoCE v2 GID index {idx} maps {nic.ip}" + (
+                f"; set {rdma_netdev.GID_ENV} to {idx}" if idx != 3 else ""))
+        return _item(expect, tag, False, f"no RoCE v2 GID maps {nic.ip} (GID table: "
+                     f"{', '.join(f'{r.index}:{r.ipv4 or r.gid}/{r.version}' for r in rows)}); "
+                     f"put {nic.ip} on the port's netdev")
+    best = rdma_netdev.recommend_gid(rows).get(nic.name)
+    if best is None:
+        return _item(expect, tag, False, "no routable RoCE v2 GID; give the port's netdev an IP")
+    level = "ok" if best[2] == "ipv4" else "warn"
+    return leveled(expect, tag, level, f"RoCE v2 GID index {best[0]} ({best[1]}); set "
+                   f"{rdma_netdev.GID_ENV} to {best[0]} if it is not 3")
 
 
 def _zero_gid(gid: str) -> bool:

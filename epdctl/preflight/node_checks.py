@@ -8,57 +8,92 @@ machines. Each failing item says what is wrong and what to do about it.
 from __future__ import annotations
 
 import re
+from typing import Callable
 
-from epdctl.preflight import parsers
+from epdctl.preflight import gpu_text, host_judge, parsers
+from epdctl.preflight.diagnose import unrecognised
 from epdctl.preflight.nic_checks import check_nics
 from epdctl.preflight.records import (RDMA_KINDS, CheckItem, Facts, NicExpect, NodeExpect,
-                                      item as _item)
+                                      item as _item, leveled)
 
 __all__ = ["CheckItem", "Facts", "NicExpect", "NodeExpect", "RDMA_KINDS", "check_node",
            "check_versions", "dmabuf_capable"]
 
 
 def check_node(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
-    """Every check the node's role needs, in a stable order."""
+    """Every check the node's role needs, in a stable order. An unexpected error while reading
+    one tool's output becomes one failed item naming the tool and the line; the rest still run."""
     items: list[CheckItem] = []
-    items += check_nics(expect, facts)
+    items += _guard(expect, facts, "ibv_devinfo", lambda: check_nics(expect, facts))
     if any(n.kind in RDMA_KINDS for n in expect.nics) or expect.rdma_transport:
-        items.append(_check_ulimit(expect, facts))
+        items += _guard(expect, facts, "ulimit_l", lambda: [_check_ulimit(expect, facts)])
         if expect.gpus:
-            items.append(_check_gpudirect(expect, facts))
+            items += _guard(expect, facts, "lsmod", lambda: [_check_gpudirect(expect, facts)])
     if expect.gpus:
-        items.append(_check_gpus(expect, facts))
+        items += _guard(expect, facts, "nvidia_smi", lambda: _check_gpus(expect, facts))
     if expect.model_path:
-        items += _check_model(expect, facts)
+        items += _guard(expect, facts, "df", lambda: _check_model(expect, facts))
     if expect.ports:
-        items.append(_check_ports(expect, facts))
+        items += _guard(expect, facts, "ss", lambda: [_check_ports(expect, facts)])
     return items
 
 
-def _check_ulimit(expect: NodeExpect, facts: Facts) -> CheckItem:
-    out = facts.out("ulimit_l")
-    if out is None:
-        return _item(expect, "ulimit -l", False, f"could not read ({facts.why_missing('ulimit_l')})")
+def _guard(expect: NodeExpect, facts: Facts, probe: str,
+           run: Callable[[], list[CheckItem]]) -> list[CheckItem]:
     try:
-        kib = parsers.parse_ulimit_l(out)
-    except ValueError as e:
-        return _item(expect, "ulimit -l", False, str(e))
-    if kib is None:
+        return run()
+    except Exception as e:  # noqa: BLE001 - one probe's surprise must not hide the others
+        line = offending_line(e) or next(
+            (ln.strip() for ln in (facts.text(probe) or "").splitlines() if ln.strip()), "")
+        return [_item(expect, f"{probe} read", False,
+                      f"unexpected error reading {probe} output ({type(e).__name__}: {e}); "
+                      f"offending line: {line[:160]!r}; run `epdctl diagnose` on that output "
+                      f"and report it")]
+
+
+def offending_line(e: BaseException) -> str | None:
+    """The text line a reader was on when it raised: the innermost frame's ``line``/``raw``/``ln``."""
+    tb = e.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for name in ("line", "raw", "ln", "row"):
+            value = frame.f_locals.get(name)
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+    return None
+
+
+def _check_ulimit(expect: NodeExpect, facts: Facts) -> CheckItem:
+    text = facts.text("ulimit_l")
+    if text is None:
+        return _item(expect, "ulimit -l", False, f"could not read ({facts.why_missing('ulimit_l')})")
+    odd = unrecognised(text, ("ulimit -l",))
+    if odd:
+        return _item(expect, "ulimit -l", False, f"{odd}; run `ulimit -l` on the node by hand")
+    j = host_judge.judge_ulimit(text)
+    f = j.findings[0]
+    if j.verdict == "pass":
         return _item(expect, "ulimit -l", True, "unlimited")
-    return _item(expect, "ulimit -l", False,
-                 f"{kib} KiB; RDMA memory registration needs unlimited locked memory: set "
-                 f"`* - memlock unlimited` in /etc/security/limits.conf (or LimitMEMLOCK=infinity)")
+    kib = j.facts.get("memlock_kib")
+    head = f"{kib} KiB" if isinstance(kib, int) else f.message
+    return _item(expect, "ulimit -l", False, f"{head}; {f.advice}")
 
 
 def _check_gpudirect(expect: NodeExpect, facts: Facts) -> CheckItem:
-    out = facts.out("lsmod")
-    mods = parsers.parse_lsmod(out) if out is not None else {}
-    for name in ("nvidia_peermem", "nv_peer_mem"):
+    text = facts.text("lsmod")
+    odd = unrecognised(text, ("lsmod",))
+    if odd:
+        return _item(expect, "gpudirect", False, f"{odd}; run `lsmod` on the node by hand")
+    mods = host_judge.read_lsmod(text) if text is not None else {}
+    for name in host_judge.PEERMEM:
         if name in mods:
             return _item(expect, "gpudirect", True, f"{name} loaded")
     if dmabuf_capable(facts.out("uname_r"), facts.out("nvidia_driver")):
         return _item(expect, "gpudirect", True, "dma-buf (open kernel module, kernel >= 5.12)")
-    where = "" if out is not None else f" (lsmod {facts.why_missing('lsmod')})"
+    where = "" if text is not None else f" (lsmod {facts.why_missing('lsmod')})"
     return _item(expect, "gpudirect", False,
                  f"neither nvidia_peermem nor dma-buf support{where}; without GPUDirect RDMA the "
                  f"transfer engine silently falls back to staging through host memory: "
@@ -73,18 +108,36 @@ def dmabuf_capable(uname_r: str | None, driver_version: str | None) -> bool:
     return bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 12)
 
 
-def _check_gpus(expect: NodeExpect, facts: Facts) -> CheckItem:
-    csv, listing = facts.out("nvidia_smi"), facts.out("nvidia_smi_L")
-    if csv is None and listing is None:
-        return _item(expect, "gpus", False, f"nvidia-smi failed ({facts.why_missing('nvidia_smi')}); "
-                     f"{expect.gpus} GPU(s) expected")
-    gpus = parsers.parse_nvidia_smi_csv(csv) if csv is not None else \
-        parsers.parse_nvidia_smi_list(listing or "")
+def _check_gpus(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
+    """GPU count against the plan, and GPU health (ERR!, ECC, pending remap, lost GPU) from
+    whichever nvidia-smi output the node gave: health CSV, plain CSV, or -L."""
+    j = None
+    for probe, shape in (("nvidia_smi_health", "csv"), ("nvidia_smi", "csv"),
+                         ("nvidia_smi_L", "list")):
+        text = facts.text(probe)
+        if text is None or not text.strip():
+            continue
+        got = gpu_text.judge_nvidia_smi(text, shape)
+        errs = [f for f in got.findings if f.level == "fail" and "no GPU" not in f.message]
+        if got.facts.get("count"):
+            j = got
+            break
+        if errs:       # nvidia-smi's own error (lost GPU, no driver): the reason to report
+            return [_item(expect, "gpus", False, f"{errs[0].message}; {errs[0].advice}")]
+    if j is None:
+        why = unrecognised(facts.text("nvidia_smi"), ("nvidia-smi",)) or \
+            f"nvidia-smi failed ({facts.why_missing('nvidia_smi')})"
+        return [_item(expect, "gpus", False, f"{why}; {expect.gpus} GPU(s) expected")]
+    gpus = j.facts.get("gpus", [])
     ok = len(gpus) >= expect.gpus
-    names = sorted({g.name for g in gpus})
-    return _item(expect, "gpus", ok, f"{len(gpus)} GPU(s) {', '.join(names)}".strip() + (
+    names = sorted({str(g.get("name", "")) for g in gpus})
+    items = [_item(expect, "gpus", ok, f"{len(gpus)} GPU(s) {', '.join(names)}".strip() + (
         "" if ok else f"; the plan needs {expect.gpus} on this node (check CUDA_VISIBLE_DEVICES, "
-        f"Xid errors in dmesg, or the topology's gpus)"))
+        f"Xid errors in dmesg, or the topology's gpus)"))]
+    for f in j.findings:
+        if f.level != "pass" and "no GPU" not in f.message:
+            items.append(leveled(expect, "gpu health", f.level, f"{f.message}; {f.advice}"))
+    return items
 
 
 def _check_model(expect: NodeExpect, facts: Facts) -> list[CheckItem]:

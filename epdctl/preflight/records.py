@@ -36,11 +36,17 @@ class NodeExpect:
 class CheckItem:
     node: str
     check: str                # short id: "nic mlx5_0 state", "ulimit -l", ...
-    ok: bool
+    ok: bool                  # False only for a failure; a warning is ok (unless --strict)
     detail: str
+    level: str = ""           # ok | warn | fail; '' means derived from ``ok``
+
+    @property
+    def status(self) -> str:
+        return self.level or ("ok" if self.ok else "fail")
 
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "check": self.check, "ok": self.ok, "detail": self.detail}
+        return {"node": self.node, "check": self.check, "ok": self.ok, "level": self.status,
+                "detail": self.detail}
 
 
 @dataclass
@@ -59,6 +65,17 @@ class Facts:
             return None
         return str(p.get("out", ""))
 
+    def text(self, probe: str) -> str | None:
+        """What the probe printed (stdout, then stderr) whatever its exit status: a tool that
+        exits 1 may have printed healthy devices. None when not collected or not installed."""
+        p = self.probes.get(probe)
+        if not p:
+            return None
+        out, err = str(p.get("out") or ""), str(p.get("err") or "")
+        if p.get("rc") == 127 and not out:
+            return None
+        return out + ("\n" + err if err.strip() else "")
+
     def why_missing(self, probe: str) -> str:
         p = self.probes.get(probe)
         if not p:
@@ -70,3 +87,9 @@ class Facts:
 def item(expect: NodeExpect, check: str, ok: bool, detail: str) -> CheckItem:
     """One item for the expected node."""
     return CheckItem(expect.node, check, ok, detail)
+
+
+def leveled(expect: NodeExpect, check: str, level: str, detail: str) -> CheckItem:
+    """One item at a judgement level (pass/ok, warn, fail)."""
+    status = {"pass": "ok"}.get(level, level)
+    return CheckItem(expect.node, check, status != "fail", detail, status)

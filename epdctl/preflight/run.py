@@ -24,13 +24,19 @@ class CheckReport:
     items: list[CheckItem] = field(default_factory=list)
     links: list[LinkResult] = field(default_factory=list)
     links_checked: bool = False
+    strict: bool = False            # a warning fails the check too
+
+    def failed(self, i: CheckItem) -> bool:
+        return not i.ok or (self.strict and i.status == "warn")
 
     @property
     def ok(self) -> bool:
-        return all(i.ok for i in self.items) and all(r.ok for r in self.links)
+        return not any(self.failed(i) for i in self.items) and all(r.ok for r in self.links)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checks": [i.to_json() for i in self.items],
+        return {"ok": self.ok, "strict": self.strict,
+                "warnings": sum(i.status == "warn" for i in self.items),
+                "checks": [i.to_json() for i in self.items],
                 "links": [r.to_json() for r in self.links] if self.links_checked else None}
 
 
@@ -61,10 +67,11 @@ def collect_facts(runner: NodeRunner, model_path: str | None) -> Facts | CheckIt
 def run_check(topo: Any, runners: Mapping[str, NodeRunner], *, plan: Any = None,
               links: bool = False, threshold: float = links_mod.DEFAULT_THRESHOLD,
               seconds: float = 0.5, agent_port: int = links_mod.DEFAULT_AGENT_PORT,
-              connect_timeout: float = 3.0, min_disk_gb: float = 1.0) -> CheckReport:
+              connect_timeout: float = 3.0, min_disk_gb: float = 1.0,
+              strict: bool = False) -> CheckReport:
     expect = targets.expectations(topo, plan, min_disk_gb=min_disk_gb)
     nodes = list(expect)
-    report = CheckReport(links_checked=links)
+    report = CheckReport(links_checked=links, strict=strict)
     got = fanout({n: runners[n] for n in nodes},
                  lambda n, r: collect_facts(r, expect[n].model_path))
     facts: list[Facts] = []
@@ -72,9 +79,14 @@ def run_check(topo: Any, runners: Mapping[str, NodeRunner], *, plan: Any = None,
         f = got.ok.get(name) or CheckItem(name, "reach node", False, str(got.failed.get(name)))
         if isinstance(f, CheckItem):
             report.items.append(f)
-        else:
-            facts.append(f)
+            continue
+        facts.append(f)
+        try:
             report.items += check_node(expect[name], f)
+        except Exception as e:  # noqa: BLE001 - one node's surprise never hides the others
+            report.items.append(CheckItem(name, "node checks", False,
+                                          f"unexpected error judging this node ({type(e).__name__}:"
+                                          f" {e}); the other nodes were judged"))
     report.items += check_versions(facts, targets.version_keys(topo))
     if links:
         eps = {n: targets.endpoints(topo, n) for n in nodes}
