@@ -26,7 +26,7 @@ def test_the_index_lists_every_file_and_every_file_names_its_source():
     assert len(on_disk) >= 40
     for name in on_disk:
         head = (REAL / name).read_text(errors="replace").splitlines()[:4]
-        assert head[0].startswith("#% source: https://"), name
+        assert head[0].startswith(("#% source: https://", "#% source: local:")), name
         assert any(h.startswith("#% shows: ") for h in head), name
 
 

@@ -126,3 +126,64 @@ def test_gid_table_and_ibdev2netdev_rendered_from_sysfs(tmp_path):
     j = judge_text(sysfs_rdma.gid_table_text(tmp_path))
     assert j.tool == "show_gids" and j.facts["recommended_gid_index"] == {"mlx5_0": 7}
     assert sysfs_rdma.ibdev2netdev_text(tmp_path) == "mlx5_0 port 1 ==> net1 (Up)\n"
+
+
+# --- `check` over every collected real output that a node probe yields -------------------------
+
+import yaml  # noqa: E402
+
+import pytest  # noqa: E402
+
+INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["files"]
+PROBE = {"ibv_devinfo": "ibv_devinfo", "ibstat": "ibstat", "ibstatus": "ibstatus",
+         "ibdev2netdev": "ibdev2netdev", "show_gids": "gid_table", "nvidia-smi": "nvidia_smi",
+         "nvidia-smi --query-gpu": "nvidia_smi", "nvidia-smi -L": "nvidia_smi_L",
+         "nvidia-smi -q": "nvidia_smi", "lsmod": "lsmod", "ulimit -l": "ulimit_l"}
+CHECKED = [e for e in INDEX if e["tool"] in PROBE]
+
+
+def _expect_for(entry: dict, j) -> NodeExpect:
+    """Declare what the output shows (every device, every GPU) so the check judges all of it."""
+    tool = entry["tool"]
+    if tool in ("ibv_devinfo", "ibstat", "ibstatus", "ibdev2netdev", "show_gids"):
+        rows = j.facts.get("ports") or j.facts.get("links") or j.facts.get("gids") or []
+        devs = sorted({r["device"] for r in rows if r["device"] != "?"}) or ["mlx5_0"]
+        layer = {r["device"]: r.get("link_layer", "") for r in rows}
+        return NodeExpect("n", nics=tuple(NicExpect(d, "ib" if layer.get(d) == "InfiniBand"
+                                                    else "roce") for d in devs))
+    if tool.startswith("nvidia-smi"):
+        return NodeExpect("n", gpus=max(1, len(j.facts.get("gpus", []))))
+    return NodeExpect("n", nics=(NicExpect("mlx5_0", "roce"),), gpus=1)
+
+
+@pytest.mark.parametrize("name", [e["file"] for e in CHECKED])
+def test_check_agrees_with_diagnose_on_every_real_output(name):
+    entry = next(e for e in CHECKED if e["file"] == name)
+    text = body(name)
+    j = judge_text((REAL / name).read_text())
+    probe = PROBE[entry["tool"]]
+    f = node(**{probe: {"rc": 0, "out": text}})
+    if probe == "ulimit_l":
+        f.probes["ulimit_l"] = {"rc": 0, "out": text}
+    items = check_node(_expect_for(entry, j), f)
+    assert not [i for i in items if i.check.endswith(" read")], "a reader raised"
+    judged = [i for i in items if _about(i.check, entry["tool"])]
+    assert judged, [i.check for i in items]
+    if entry["verdict"] == "fail":
+        assert any(not i.ok for i in judged), [(i.check, i.detail) for i in judged]
+    if entry["verdict"] == "pass":
+        assert all(i.ok for i in judged), [(i.check, i.detail) for i in judged if not i.ok]
+
+
+def _about(check: str, tool: str) -> bool:
+    if tool.startswith("nvidia-smi"):
+        return check in ("gpus", "gpu health")
+    if tool == "lsmod":
+        return check == "gpudirect"
+    if tool == "ulimit -l":
+        return check == "ulimit -l"
+    if tool == "show_gids":
+        return check.endswith(" gid")
+    if tool == "ibdev2netdev":
+        return check.endswith(" netdev")
+    return check.startswith("nic ") or check == "rails rate"

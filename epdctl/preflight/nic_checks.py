@@ -57,12 +57,22 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
     rdma = [n for n in expect.nics if n.kind in RDMA_KINDS]
     ports, why = rdma_ports(facts) if rdma else ({}, None)
     gid_rows = _gid_rows(facts) if rdma else []
+    netdevs = rdma_netdev.read_ibdev2netdev(facts.text("ibdev2netdev") or "") if rdma else []
     for nic in expect.nics:
         tag = f"nic {nic.name}"
         if nic.kind not in RDMA_KINDS:
             items.append(_check_eth(expect, nic, ifaces))
             continue
         port = ports.get(nic.name)
+        items += _netdev_items(expect, nic, [n for n in netdevs if n.device == nic.name])
+        rows = [r for r in gid_rows if r.device == nic.name]
+        if port is None and (rows or any(n.device == nic.name for n in netdevs)):
+            items.append(leveled(expect, f"{tag} device", "warn",
+                                 f"{nic.name} is listed (GID table / netdev map) but its port "
+                                 f"state could not be read ({why or 'no port section'})"))
+            if nic.kind == "roce" and rows:
+                items.append(_gid_from_table(expect, nic, rows))
+            continue
         if port is None:
             have = ", ".join(sorted(ports)) or "none"
             reason = why or f"RDMA devices present: {have}"
@@ -89,7 +99,7 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
                                f"{port.rate_gbps:g} Gb/s" + ("" if ok else
                                f", below the declared {nic.speed_gbps:g} Gb/s (degraded link "
                                f"width/speed or wrong NIC)")))
-        items += _check_gid_mtu(expect, nic, port, [r for r in gid_rows if r.device == nic.name])
+        items += _check_gid_mtu(expect, nic, port, rows)
         for level, msg, advice, _ in rdma_judge._secondary(port):
             if "MTU" not in msg:
                 key = "guid" if "GUID" in msg else "lid"
@@ -98,6 +108,25 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
             items.append(_check_ip(expect, nic, ifaces))
     items += _mixed_rates(expect, [ports[n.name] for n in rdma if n.name in ports])
     return items
+
+
+def _netdev_items(expect: NodeExpect, nic: NicExpect, links: list[rdma_netdev.NetdevLink]
+                  ) -> list[CheckItem]:
+    """RoCE needs its netdev up; IPoIB down is only worth a word. VFs are named as such."""
+    out = []
+    for n in links:
+        vf = " (a VF)" if n.vf else ""
+        if n.up:
+            out.append(_item(expect, f"nic {nic.name} netdev", True, f"{n.netdev} Up{vf}"))
+        elif nic.kind == "roce":
+            out.append(_item(expect, f"nic {nic.name} netdev", False,
+                             f"{n.netdev}{vf} is Down: RoCE traffic cannot flow; `ip link set "
+                             f"{n.netdev} up`, check cable and switch port"))
+        else:
+            out.append(leveled(expect, f"nic {nic.name} netdev", "warn",
+                               f"IPoIB {n.netdev}{vf} is Down (InfiniBand verbs do not need it; "
+                               f"the engine's TCP handshake over this NIC's IP does)"))
+    return out
 
 
 def _mixed_rates(expect: NodeExpect, used: list[rdma_text.IbPort]) -> list[CheckItem]:

@@ -11,7 +11,8 @@ import re
 from typing import Callable
 
 from epdctl.preflight import gpu_text, host_judge, parsers
-from epdctl.preflight.diagnose import unrecognised
+from epdctl.preflight.diagnose import recognise, unrecognised
+from epdctl.preflight.textprep import prepare
 from epdctl.preflight.nic_checks import check_nics
 from epdctl.preflight.records import (RDMA_KINDS, CheckItem, Facts, NicExpect, NodeExpect,
                                       item as _item, leveled)
@@ -117,6 +118,9 @@ def _check_gpus(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
         text = facts.text(probe)
         if text is None or not text.strip():
             continue
+        found = recognise(prepare(text))       # content decides the shape, not the probe
+        if found is not None and found[0] == "nvidia-smi":
+            shape = found[1]
         got = gpu_text.judge_nvidia_smi(text, shape)
         errs = [f for f in got.findings if f.level == "fail" and "no GPU" not in f.message]
         if got.facts.get("count"):

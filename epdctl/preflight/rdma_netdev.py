@@ -28,11 +28,12 @@ class NetdevLink:
     port: int
     netdev: str
     up: bool
+    marked_vf: bool = False      # the agent's sysfs rendering appends " [VF]"
 
     @property
     def vf(self) -> bool:
-        """systemd names a VF's netdev ``<pf>v<n>`` (``ibp141s0v3``, ``enp3s0f0v1``)."""
-        return bool(re.search(r"\dv\d+$", self.netdev))
+        """Marked, or named by systemd as a VF's netdev ``<pf>v<n>`` (``ibp141s0v3``)."""
+        return self.marked_vf or bool(re.search(r"\dv\d+$", self.netdev))
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,8 @@ def read_ibdev2netdev(text: str) -> list[NetdevLink]:
     for ln in text.splitlines():
         m = _NETDEV.match(ln.strip())
         if m:
-            out.append(NetdevLink(m.group(1), int(m.group(2)), m.group(3), m.group(4).lower() == "up"))
+            out.append(NetdevLink(m.group(1), int(m.group(2)), m.group(3),
+                                  m.group(4).lower() == "up", "[VF]" in ln))
     return out
 
 
