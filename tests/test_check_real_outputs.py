@@ -178,3 +178,58 @@ def test_cli_warns_and_strict_fails_on_a_real_roce_warning(tmp_path):
     guid = [c for c in doc["checks"] if c["check"] == "nic mlx5_1 guid"]
     assert len(guid) == 3 and all(c["level"] == "warn" and c["ok"] for c in guid)
     assert "Traceback" not in relaxed.stderr + strict.stderr
+
+
+def _perftest_bin(tmp: Path, name: str, client_fixture: str, code: int) -> Path:
+    """ib_write_bw that answers --version, acts as server (real banner) without an address, and
+    as client prints a real recorded client output."""
+    b = tmp / name
+    b.mkdir()
+    banner = "\n".join(_body("ib_write_bw_server_waiting_cut.txt").splitlines()[:5]) + "\n"
+    (b / "banner.txt").write_text(banner)
+    (b / "client.txt").write_text(_body(client_fixture))
+    _fake(b, "ib_write_bw",
+          'case "$*" in *--version*) echo "Version: 6.22"; exit 0;; esac\n'
+          'for a in "$@"; do last="$a"; done\n'
+          'case "$last" in *.*.*.*) cat ' + f"{b}/client.txt; exit {code};; esac\n"
+          f"cat {b}/banner.txt; sleep 1\n")
+    return b
+
+
+def test_links_run_ib_write_bw_between_rdma_nics_and_quote_its_errors(tmp_path):
+    path = tmp_path / "pt.yaml"
+    path.write_text(TOPOLOGY.format(model=MODEL).replace(
+        "mlx4_2, kind: ib", "mlx5_0, kind: roce, speed_gbps: 0.5"))
+    topo = load_topology(path)
+    good = _perftest_bin(tmp_path, "good", "ib_write_bw_post_list_gbits.txt", 0)
+    bad = _perftest_bin(tmp_path, "bad", "ib_write_bw_client_rts.txt", 1)
+    runners = {"n1": _runner("n1", good), "n2": _runner("n2", bad), "n3": _runner("n3", good)}
+    report = run_check(topo, runners, links=True, seconds=0.2, agent_port=36960)
+    pt = {i.node: i for i in report.items if i.check.startswith("ib_write_bw")}
+    assert set(pt) == {"n1->n2", "n2->n3"}
+    assert pt["n1->n2"].ok and "0.48 Gb/s ib_write_bw average (Ethernet)" in pt["n1->n2"].detail
+    assert "96% of 0.5 Gb/s" in pt["n1->n2"].detail
+    fail = pt["n2->n3"]
+    assert not fail.ok and "Failed to modify QP to RTS" in fail.detail and "GID index" in fail.detail
+
+
+def test_a_failed_mooncake_pair_carries_the_engine_error_and_its_cause():
+    from epdctl.preflight.links import Endpoint, LinkPair, _Server, _send
+    from epdctl.preflight.runners import Completed
+
+    log = _body("mooncake_bench_rtr_timeout.txt")
+
+    class Sender:
+        node, python = "n1", sys.executable
+
+        def run(self, argv, timeout):
+            doc = '{"ok": false, "reason": "stalled: 10.0.0.2:36900 stopped acknowledging data"}'
+            return Completed(0, doc + "\n", log)
+
+    a = Endpoint("n1", "mlx5_0", "roce", "10.0.0.1", 200.0)
+    b = Endpoint("n2", "mlx5_0", "roce", "10.0.0.2", 200.0)
+    pair = LinkPair(a, b, ("kv",))
+    servers = {("n2", "mlx5_0", "10.0.0.2"): _Server(b, 36900, None, None)}
+    r = _send(pair, Sender(), servers, "mooncake", 0.5, 0.8, 3.0)
+    assert not r.ok and r.reason.startswith("stalled")
+    assert "Failed to modify QP to RTR" in r.reason and "MC_GID_INDEX" in r.reason

@@ -39,6 +39,7 @@ PROBES: tuple[tuple[str, tuple[str, ...]], ...] = (
                            "remapped_rows.failure", "--format=csv")),
     ("nvidia_smi_L", ("nvidia-smi", "-L")),
     ("lsmod", ("lsmod",)),
+    ("ib_write_bw", ("ib_write_bw", "--version")),     # is perftest installed (for --links)
     ("ulimit_l", ("sh", "-c", "ulimit -l")),
     ("ip_addr", ("ip", "-j", "addr")),
     ("ss", ("ss", "-ltn")),

@@ -255,5 +255,20 @@ def _send(pair: LinkPair, runner: NodeRunner, servers: Mapping[tuple[str, str, s
         return LinkResult(pair, False, None, None, None,
                           f"agent on {pair.src.node} failed (exit {res.rc}): {err}")
     log.debug("link %s rail %d: %s", pair.label, pair.rail, doc)
-    return evaluate(pair, doc, threshold)
+    result = evaluate(pair, doc, threshold)
+    if not result.ok and transport == "mooncake":
+        result = _with_engine_log(result, res.stderr)
+    return result
+
+
+def _with_engine_log(result: LinkResult, stderr: str) -> LinkResult:
+    """Add the Mooncake engine's own error line and its cause to a failed pair's reason."""
+    from epdctl.preflight.mooncake_log import judge_mooncake
+
+    worst = [f for f in judge_mooncake(stderr or "").findings if f.level != "pass"]
+    if not worst:
+        return result
+    f = next((f for f in worst if f.level == "fail"), worst[0])
+    return LinkResult(result.pair, False, result.gbps, result.rtt_ms, result.line_gbps,
+                      f"{result.reason}; Mooncake: {f.message} -> {f.advice}")
 

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from epdctl.fanout import fanout
 from epdctl.preflight import links as links_mod
-from epdctl.preflight import targets
+from epdctl.preflight import perftest_links, targets
 from epdctl.preflight.links import LinkResult
 from epdctl.preflight.node_checks import CheckItem, Facts, check_node, check_versions
 from epdctl.preflight.runners import NodeRunner
@@ -94,4 +94,7 @@ def run_check(topo: Any, runners: Mapping[str, NodeRunner], *, plan: Any = None,
         report.links = links_mod.measure(
             pairs, runners, transport=targets.transport_of(topo), seconds=seconds,
             threshold=threshold, agent_port=agent_port, connect_timeout=connect_timeout)
+        report.items += perftest_links.measure_pairs(
+            pairs, runners, {f.node: f for f in facts}, port=agent_port + 100,
+            threshold=threshold)
     return report
