@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import yaml
+
 from epdctl.preflight import sysfs_rdma
 from epdctl.preflight.diagnose import judge_text
 from epdctl.preflight.node_checks import Facts, NicExpect, NodeExpect, check_node
@@ -130,9 +133,6 @@ def test_gid_table_and_ibdev2netdev_rendered_from_sysfs(tmp_path):
 
 # --- `check` over every collected real output that a node probe yields -------------------------
 
-import yaml  # noqa: E402
-
-import pytest  # noqa: E402
 
 INDEX = yaml.safe_load((REAL / "INDEX.yaml").read_text())["files"]
 PROBE = {"ibv_devinfo": "ibv_devinfo", "ibstat": "ibstat", "ibstatus": "ibstatus",
