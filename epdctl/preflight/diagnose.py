@@ -20,7 +20,7 @@ _PERFTEST = re.compile(r"BW (?:peak|average)\[|#bytes\s+#iterations|\b\w+ BW Tes
                        r"|Waiting for client to connect|Couldn't get context for the device|"
                        r"Unable to create QP|Couldn't create IB resources|RDMA CM event error|"
                        r"ethernet_read_keys|Unable to Connect the HCA|Failed to modify QP to RT[RS]$|"
-                       r"Couldn't connect to|state is Down")
+                       r"Couldn't connect to|state is Down|Did not detect devices", re.M)
 _DEVINFO = re.compile(r"hca_id:|PORT_(?:ACTIVE|DOWN|INIT|ARMED)|phys_port_cnt|Failed to open device|"
                       r"No IB devices found|Failed to get IB devices list|^\s*link_layer:\s",
                       re.M)

@@ -22,7 +22,10 @@ def read_lsmod(text: str) -> dict[str, tuple[int, int, tuple[str, ...]]]:
         parts = ln.split()
         if len(parts) < 3 or not digits(parts[1]) or not re.fullmatch(r"-?[0-9]+", parts[2]):
             continue
-        if not re.fullmatch(r"[A-Za-z0-9_]+", parts[0]):
+        # module names are lower-case identifiers, sizes whole pages; users carry no addresses
+        if not re.fullmatch(r"[a-z0-9_]+", parts[0]) or int(parts[1]) < 1024:
+            continue
+        if len(parts) > 3 and not re.fullmatch(r"[\w,\-\[\]]+", parts[3]):
             continue
         users = parts[3] if len(parts) > 3 else ""
         used_by = tuple(u for u in users.replace(",", " ").split() if u not in ("-", "[permanent]"))

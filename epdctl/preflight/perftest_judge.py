@@ -9,6 +9,8 @@ from epdctl.preflight.judgement import FAIL, PASS, WARN, Judgement, digits
 
 # (substring of perftest's error line, advice); first match wins per line
 _ERRORS: tuple[tuple[str, str], ...] = (
+    ("Did not detect devices", "perftest sees no RDMA device: load the driver (mlx5_ib, irdma), "
+     "check `ibv_devices`, and in a container pass /dev/infiniband"),
     ("state is Down", "the RDMA port is down: check `ibstat`/`ibv_devinfo` (cable, switch, SM)"),
     ("Couldn't get context for the device",
      "the device cannot be opened: check the name (-d), the driver, and /dev/infiniband in containers"),

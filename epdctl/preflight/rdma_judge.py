@@ -82,6 +82,12 @@ def judge_ports(tool: str, read: RdmaRead) -> Judgement:
     active = [p for p in read.ports if p.state == "ACTIVE"]
     for p, (msg, advice) in bad:
         j.add(FAIL if not active else WARN, msg, advice)
+    for p in active:
+        if p.gids and p.link_layer == "Ethernet" and all(zero_guid(g) or not g.strip(":0")
+                                                         for g in p.gids.values()):
+            j.add(FAIL, f"{p.device} port {p.port}: every GID is all-zero (a RoCE port with no "
+                        f"address)", "give the port's netdev an IP address (its RoCE v2 GID "
+                        "appears), and point MC_GID_INDEX / NCCL_IB_GID_INDEX at it")
     grouped: dict[tuple[str, str, str], list[str]] = {}
     for p in read.ports:
         for level, msg, advice, where in _secondary(p):
