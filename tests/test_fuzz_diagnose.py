@@ -23,7 +23,7 @@ READERS = [
     lambda t: rdma_judge.judge_ports("ibstat", rdma_text.read_ibstat(t)),
     lambda t: rdma_judge.judge_ports("ibstatus", rdma_text.read_ibstatus(t)),
     lambda t: rdma_netdev.judge_ibdev2netdev(rdma_netdev.read_ibdev2netdev(t)),
-    lambda t: rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(t)),
+    lambda t: rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(t), t),
     perftest_judge.judge_perftest,
     mooncake_log.judge_mooncake,
     host_judge.judge_lsmod,

@@ -183,7 +183,7 @@ def _about(check: str, tool: str) -> bool:
     if tool == "ulimit -l":
         return check == "ulimit -l"
     if tool == "show_gids":
-        return check.endswith(" gid")
+        return check.endswith((" gid", " device"))
     if tool == "ibdev2netdev":
-        return check.endswith(" netdev")
+        return check.endswith((" netdev", " device"))
     return check.startswith("nic ") or check == "rails rate"

@@ -133,7 +133,7 @@ def _dispatch(found: tuple[str, str], prep: Prepared) -> Judgement:
     if tool == "perftest":
         return perftest_judge.judge_perftest(text)
     if tool == "show_gids":
-        return rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(text))
+        return rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(text), text)
     if tool == "ibdev2netdev":
         return rdma_netdev.judge_ibdev2netdev(rdma_netdev.read_ibdev2netdev(text))
     if tool == "ibstatus":

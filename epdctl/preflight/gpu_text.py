@@ -17,7 +17,7 @@ _FATAL = (
      "drain the node; check `dmesg | grep -i xid`, reseat or replace the GPU, then reboot"),
     ("has fallen off the bus", "a GPU has fallen off the bus",
      "drain the node; reseat or replace the GPU, then reboot"),
-    ("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
+    ("communicate with the NVIDIA driver",      # pastes change the apostrophe of "couldn't"
      "nvidia-smi cannot talk to the driver", "load the NVIDIA kernel driver matching the "
      "userspace (`modprobe nvidia`, reinstall after a kernel update)"),
     ("No devices were found", "the driver sees no GPU",

@@ -35,10 +35,15 @@ def port_problem(p: IbPort) -> tuple[str, str] | None:
     if phys == "POLLING":
         return (f"{where} is {p.state or 'DOWN'}, physical state POLLING: no link partner",
                 "check the cable/transceiver and that the switch port (or peer NIC) is up")
+    if phys == "LINKUP" and p.link_layer == "InfiniBand":
+        return (f"{where} is {p.state or 'DOWN'} although the physical link is up",
+                "the subnet manager has not admitted the port: check that an SM runs (`sminfo`); "
+                "for an SR-IOV VF the SM needs virtualization enabled and the VF a unique "
+                "node/port GUID (`ip link set <pf> vf <n> node_guid ... port_guid ...`)")
     if phys == "LINKUP":
         return (f"{where} is {p.state or 'DOWN'} although the physical link is up",
-                "for RoCE the netdev is probably admin-down (`ip link set <netdev> up`); for "
-                "InfiniBand check the subnet manager and the port's partition/GUID")
+                "the port's netdev is probably administratively down: `ip link set <netdev> up` "
+                "(find it with ibdev2netdev); for InfiniBand check the subnet manager")
     return (f"{where} is {p.state or 'in an unknown state'}"
             + (f" (physical {p.phys_state})" if p.phys_state else ""),
             "check cable and switch port; for InfiniBand, that a subnet manager runs")

@@ -125,7 +125,7 @@ def recommend_gid(rows: list[GidRow]) -> dict[str, tuple[int, str, str]]:
     return best
 
 
-def judge_show_gids(rows: list[GidRow]) -> Judgement:
+def judge_show_gids(rows: list[GidRow], text: str = "") -> Judgement:
     best = recommend_gid(rows)
     devices = sorted({r.device for r in rows})
     j = Judgement("show_gids", {
@@ -134,8 +134,15 @@ def judge_show_gids(rows: list[GidRow]) -> Judgement:
                  for r in rows],
         "recommended_gid_index": {d: best[d][0] for d in best}})
     if not rows:
-        j.add(FAIL, "no GID rows (DEV PORT INDEX GID IPv4 VER DEV) in the text",
-              "run `show_gids` (or read /sys/class/infiniband/*/ports/*/gids/*) and save it all")
+        if re.search(r"^\s*DEV\s+PORT\s+INDEX\s+GID", text, re.M):
+            j.add(FAIL, "the GID table is empty (show_gids found no GID)",
+                  "the RDMA device has no address in this network namespace: in a pod whose "
+                  "network is a veth (calico, flannel) the NIC's netdev is not there; attach the "
+                  "NIC with macvlan / host-device / SR-IOV CNI or use the host network, and give "
+                  "its netdev an IP")
+        else:
+            j.add(FAIL, "no GID rows (DEV PORT INDEX GID IPv4 VER DEV) in the text",
+                  "run `show_gids` (or read /sys/class/infiniband/*/ports/*/gids/*) and save it all")
         return j
     v4 = {d: b for d, b in best.items() if b[2] == "ipv4"}
     for dev in devices:
