@@ -22,6 +22,8 @@ READERS = [
     lambda t: rdma_judge.judge_ports("ibv_devinfo", rdma_text.read_ibv_devinfo(t)),
     lambda t: rdma_judge.judge_ports("ibstat", rdma_text.read_ibstat(t)),
     lambda t: rdma_judge.judge_ports("ibstatus", rdma_text.read_ibstatus(t)),
+    lambda t: rdma_judge.judge_ports("rdma link", rdma_text.read_rdma_link(t)),
+    lambda t: rdma_judge.judge_device_list(rdma_text.read_device_list(t)),
     lambda t: rdma_netdev.judge_ibdev2netdev(rdma_netdev.read_ibdev2netdev(t)),
     lambda t: rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(t), t),
     perftest_judge.judge_perftest,

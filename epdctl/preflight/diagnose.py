@@ -13,8 +13,8 @@ from pathlib import Path
 
 from epdctl.preflight import gpu_text, host_judge, mooncake_log, perftest_judge, rdma_judge
 from epdctl.preflight import rdma_netdev, rdma_text
-from epdctl.preflight.judgement import FAIL, Judgement, not_recognised
-from epdctl.preflight.textprep import Prepared, prepare
+from epdctl.preflight.judgement import FAIL, UNKNOWN, Judgement, not_recognised
+from epdctl.preflight.textprep import Prepared, prepare, sections
 
 _PERFTEST = re.compile(r"BW (?:peak|average)\[|#bytes\s+#iterations|\b\w+ BW Test\b|Lat(?:ency)? Test"
                        r"|Waiting for client to connect|Couldn't get context for the device|"
@@ -54,13 +54,17 @@ def recognise(prep: Prepared) -> tuple[str, str] | None:
         return "ibstatus", ""
     if re.search(r"^\s*CA '[^']+'", text, re.M) or "ibpanic:" in text:
         return "ibstat", ""
+    if re.search(r"^\s*link \S+/\d+\s", text, re.M):
+        return "rdma link", ""
+    if re.search(r"^\s*device\s+node GUID\s*$|^\s*\d+ HCAs? found:", text, re.M):
+        return "ibv_devices", ""
     if _DEVINFO.search(text) or "ibv_devinfo" in cmds:
         return "ibv_devinfo", ""
     if "max locked memory" in text or (any(c.startswith("ulimit") for c in cmds)
                                        and host_judge.read_memlock(text)):
         return "ulimit -l", ""
-    if host_judge.read_lsmod(text) or any(c == "lsmod" for c in cmds) or re.search(
-            r"^Module\s+Size\s+Used by", text, re.M):
+    if any(c == "lsmod" for c in cmds) or re.search(r"^Module\s+Size\s+Used by", text, re.M) \
+            or set(host_judge.read_lsmod(text)) & host_judge.KNOWN_MODULES:
         return "lsmod", ""
     if len(lines) == 1 and re.fullmatch(r"unlimited|\d+", lines[0].strip()):
         return "ulimit -l", ""
@@ -96,7 +100,32 @@ def _looks_csv(lines: list[str], prep: Prepared) -> bool:
 
 
 def judge_text(raw: str) -> Judgement:
-    """The judgement of one tool's output; text no reader claims is 'unknown' (fail)."""
+    """The judgement of one tool's output; text no reader claims is 'unknown' (fail). A pasted
+    transcript of several commands is judged command by command, the findings merged."""
+    try:
+        parts = sections(raw)
+    except Exception as e:  # noqa: BLE001 - a reader bug must not hide the file
+        return _crashed("?", raw, e)
+    if len(parts) > 1:
+        judged = [j for j in (_judge_one(p) for p in parts) if j.tool != UNKNOWN]
+        if len(judged) == 1:
+            return judged[0]
+        if judged:
+            return _merged(judged)
+    return _judge_one(raw)
+
+
+def _merged(judged: list[Judgement]) -> Judgement:
+    j = Judgement(" + ".join(dict.fromkeys(x.tool for x in judged)),
+                  {"commands": [{"tool": x.tool, "verdict": x.verdict, "facts": x.facts}
+                                for x in judged]})
+    for x in judged:
+        for f in x.findings:
+            j.add(f.level, f"[{x.tool}] {f.message}", f.advice)
+    return j
+
+
+def _judge_one(raw: str) -> Judgement:
     try:
         prep = prepare(raw)
     except Exception as e:  # noqa: BLE001 - a reader bug must not hide the file
@@ -142,6 +171,10 @@ def _dispatch(found: tuple[str, str], prep: Prepared) -> Judgement:
         return rdma_judge.judge_ports(tool, rdma_text.read_ibstat(text))
     if tool == "ibv_devinfo":
         return rdma_judge.judge_ports(tool, rdma_text.read_ibv_devinfo(text))
+    if tool == "rdma link":
+        return rdma_judge.judge_ports(tool, rdma_text.read_rdma_link(text))
+    if tool == "ibv_devices":
+        return rdma_judge.judge_device_list(rdma_text.read_device_list(text))
     if tool == "lsmod":
         return host_judge.judge_lsmod(text, _grepped(prep))
     return host_judge.judge_ulimit(text)

@@ -160,6 +160,8 @@ def _query(text: str, j: Judgement) -> list[dict[str, Any]]:
         elif section == "Volatile" and "Uncorrectable" in key and digits(val) and int(val) > 0:
             j.add(FAIL, f"{where}: {val} volatile {key} ECC error(s)",
                   "reset the GPU (or reboot) so the memory is retired/remapped")
+        elif section == "Retired Pages" and key.startswith("Pending Page") and val == "Yes":
+            j.add(FAIL, f"{where}: retired pages pending", "reset the GPU (or reboot) to retire them")
         elif key == "Reset Required" and val == "Yes":
             j.add(FAIL, f"{where}: the driver asks for a GPU reset", "reset the GPU or reboot")
         elif "ERR!" in val or any(b in val for b in _BAD_VALUE[:3]):

@@ -8,6 +8,10 @@ import re
 from epdctl.preflight.judgement import FAIL, PASS, WARN, Judgement, digits
 
 PEERMEM = ("nvidia_peermem", "nv_peer_mem")
+# modules whose presence makes a `name size count` table an lsmod listing (not `ps`, not `ss`)
+KNOWN_MODULES = {*PEERMEM, "nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "ib_core",
+                 "ib_uverbs", "ib_umad", "ib_ipoib", "mlx5_core", "mlx5_ib", "mlx4_core", "mlx4_ib",
+                 "rdma_cm", "rdma_ucm", "irdma", "rdma_rxe", "iw_cm", "ib_cm", "mlxfw", "efa"}
 MEMLOCK_ADVICE = ("RDMA registers the whole KV/embedding buffers: make locked memory unlimited — "
                   "bare metal: `* - memlock unlimited` in /etc/security/limits.conf (or "
                   "LimitMEMLOCK=infinity for a systemd unit, then log in again); containers: "

@@ -71,6 +71,8 @@ def zero_guid(guid: str) -> bool:
 def judge_ports(tool: str, read: RdmaRead) -> Judgement:
     j = Judgement(tool, {"ports": [port_facts(p) for p in read.ports]})
     for err in dict.fromkeys(read.errors):
+        if read.ports and "couldn't load driver" in err:
+            continue        # a provider for a NIC type this node does not have: harmless
         n = read.errors.count(err)
         j.add(WARN if read.ports else FAIL,
               f"{tool} says: {err}" + (f" (x{n})" if n > 1 else ""), _error_advice(err))
@@ -161,3 +163,18 @@ def _mixed_rates(j: Judgement, active: list[IbPort]) -> None:
             j.add(WARN, f"{layer} ports run at different rates ({desc})",
                   "rails at a lower rate cap every transfer striped over them: check cables "
                   "and link width (`mlxlink`), or keep the slower ports out of the topology")
+
+
+def judge_device_list(rows: list[tuple[str, str]]) -> Judgement:
+    """``ibv_devices`` / ``ibv_devinfo -l``: which devices exist, not whether their ports work."""
+    j = Judgement("ibv_devices", {"devices": [{"device": d, "node_guid": g} for d, g in rows]})
+    if not rows:
+        j.add(FAIL, "the device list is empty", "load the RDMA driver and its rdma-core provider")
+        return j
+    j.add(WARN, f"{len(rows)} device(s) listed, but a device list says nothing about port state",
+          "run `ibv_devinfo` or `ibstat` (or `epdctl check`) for the ports' state, rate and GIDs")
+    zero = [d for d, g in rows if g and zero_guid(g)]
+    if zero:
+        j.add(WARN, f"all-zero node GUID: {', '.join(zero)}",
+              "a VF whose GUID was never assigned: `ip link set <pf> vf <n> node_guid <guid>`")
+    return j

@@ -45,11 +45,15 @@ class RdmaRead:
     errors: list[str] = field(default_factory=list)         # tool error lines, quoted
 
 
+_SAME_STATE = {"INITIALIZING": "INIT", "INITIALIZE": "INIT", "NOP": "DOWN"}
+
+
 def state_word(value: str) -> str:
-    """``PORT_ACTIVE (4)`` / ``Active`` / ``4: ACTIVE`` / ``LINK_UP (5)`` -> ``ACTIVE`` / ``LINK_UP``."""
+    """``PORT_ACTIVE (4)`` / ``Active`` / ``4: ACTIVE`` / ``LINK_UP (5)`` -> ``ACTIVE`` / ``LINK_UP``;
+    ibstat's ``Initializing`` is the port state INIT."""
     v = re.sub(r"\(\d+\)", "", value).strip()
-    v = v.split(":", 1)[-1].strip()
-    return v.upper().removeprefix("PORT_")
+    v = v.split(":", 1)[-1].strip().upper().removeprefix("PORT_")
+    return _SAME_STATE.get(v, v)
 
 
 def _int(value: str) -> int | None:
@@ -234,6 +238,39 @@ def read_ibstatus(text: str) -> RdmaRead:
     if cur:
         out.ports.append(IbPort(**cur))
     return _note_gaps(out)
+
+
+def read_rdma_link(text: str) -> RdmaRead:
+    """iproute2 ``rdma link [show]``: ``link mlx5_0/1 subnet_prefix … lid 3 sm_lid 1 lmc 0 state
+    ACTIVE physical_state LINK_UP netdev enp97s0f0``."""
+    out = RdmaRead()
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = re.match(r"link (\S+)/(\d+)\s+(.*)$", line)
+        if not m:
+            continue
+        words = m.group(3).split()
+        kv = dict(zip(words[::2], words[1::2]))
+        out.devices.append(m.group(1))
+        out.ports.append(IbPort(m.group(1), int(m.group(2)), state_word(kv.get("state", "")),
+                                state_word(kv.get("physical_state", "")),
+                                "InfiniBand" if "lid" in kv else ("Ethernet" if "netdev" in kv
+                                                                  else ""),
+                                lid=_int(kv.get("lid", "")), sm_lid=_int(kv.get("sm_lid", ""))))
+    return out
+
+
+def read_device_list(text: str) -> list[tuple[str, str]]:
+    """``ibv_devices`` (device, node GUID) or ``ibv_devinfo -l`` (device, '') rows."""
+    rows: list[tuple[str, str]] = []
+    listing = re.search(r"^\s*\d+ HCAs? found:", text, re.M)
+    for raw in text.splitlines():
+        parts = raw.split()
+        if listing and len(parts) == 1 and re.fullmatch(r"[\w.-]+", parts[0]):
+            rows.append((parts[0], ""))
+        elif len(parts) == 2 and re.fullmatch(r"[0-9a-fA-F]{16}", parts[1]):
+            rows.append((parts[0], parts[1]))
+    return rows
 
 
 def merge(first: IbPort, second: IbPort) -> IbPort:

@@ -14,9 +14,10 @@ HEADER_MARK = "#%"   # lines our fixture files start with (source URL, what they
 
 # `$ cmd`, `# cmd`, `root@host:/dir# cmd`, `[root@gpu3 ~]# cmd`, `(env) [u@h ~]$ cmd`, `+ cmd`
 _PROMPT = re.compile(
-    r"^\s*(?:\([^)]*\)\s*)?(?:\[[^\]]*\]|[\w.-]+@[\w.\\-]+(?::\S*)?)?\s*[#$+]\s*(?P<cmd>\S+)?")
-TOOLS = ("ibv_devinfo", "ibstatus", "ibstat", "ibdev2netdev", "show_gids", "show_gid",
-         "nvidia-smi", "lsmod", "ulimit", "transfer_engine_bench")
+    r"^\s*(?:\([^)]*\)\s*)?(?P<who>\[[^\]]*\]|[\w.-]+@[\w.\\-]+(?::\S*)?)?\s*[#$+]\s*"
+    r"(?P<cmd>\S+)?")
+TOOLS = ("ibv_devinfo", "ibv_devices", "ibstatus", "ibstat", "ibdev2netdev", "show_gids",
+         "show_gid", "nvidia-smi", "lsmod", "ulimit", "transfer_engine_bench", "rdma")
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,9 @@ def prepare(raw: str) -> Prepared:
 
 
 def _prompt_command(line: str) -> str | None:
-    """The tool a shell prompt line runs ('' for a bare prompt); None when not a prompt line."""
+    """The command a shell prompt line runs ('' for a bare prompt); None when not a prompt line.
+    A bare `$ x` / `# x` / `+ x` counts only for the tools read here (else it may be a comment);
+    a `user@host$ x` or `[user@host dir]# x` prompt counts whatever x is."""
     m = _PROMPT.match(line)
     if not m:
         return None
@@ -55,9 +58,22 @@ def _prompt_command(line: str) -> str | None:
     if not cmd:
         stripped = line.strip()
         return "" if stripped and stripped[-1] in "#$" and len(stripped) < 80 else None
-    for tool in TOOLS:
-        if cmd == tool or cmd.startswith(tool) or re.fullmatch(r"ib_\w+_(bw|lat)", cmd):
-            return cmd
-    if re.fullmatch(r"ib_\w+", cmd) or cmd in ("ibv_devices", "sudo"):
+    if cmd == "sudo":
+        rest = line[m.end("cmd"):].split()
+        cmd = rest[0].rsplit("/", 1)[-1] if rest else cmd
+    if any(cmd.startswith(tool) for tool in TOOLS) or re.fullmatch(r"ib_\w+", cmd):
         return cmd
-    return None
+    return cmd if m.group("who") else None
+
+
+def sections(raw: str) -> list[str]:
+    """The text split at shell prompt lines: one section per command of a pasted transcript
+    (the prompt line starts its section)."""
+    out: list[list[str]] = [[]]
+    for ln in raw.replace("\r\n", "\n").split("\n"):
+        if ln.startswith(HEADER_MARK):
+            continue
+        if _prompt_command(re.sub(r"^\s*> ?", "", ln)):
+            out.append([])
+        out[-1].append(ln)
+    return ["\n".join(sec) for sec in out if any(x.strip() for x in sec)]
