@@ -82,3 +82,21 @@ def test_every_reader_survives_mutated_real_outputs(text):
 def test_every_reader_survives_arbitrary_text(text):
     for read in READERS:
         _sane(read(text))
+
+
+PROBES = ("ibv_devinfo", "ibstat", "ibstatus", "ibdev2netdev", "gid_table", "nvidia_smi",
+          "nvidia_smi_health", "nvidia_smi_L", "lsmod", "ulimit_l")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(mutated(), min_size=len(PROBES), max_size=len(PROBES)),
+       st.lists(st.sampled_from([0, 1, 127, 255]), min_size=len(PROBES), max_size=len(PROBES)))
+def test_check_node_judges_mutated_outputs_without_a_reader_raising(texts, rcs):
+    from epdctl.preflight.node_checks import Facts, NicExpect, NodeExpect, check_node
+
+    probes = {p: {"rc": rc, "out": t, "err": ""} for p, t, rc in zip(PROBES, texts, rcs)}
+    expect = NodeExpect("n", nics=(NicExpect("mlx5_0", "roce", "10.0.0.1", 200),
+                                   NicExpect("mlx4_2", "ib")), gpus=2, rdma_transport=True)
+    items = check_node(expect, Facts("n", probes, {}, {}))
+    assert items and not [i.detail for i in items if i.check.endswith(" read")]
+    assert all(i.status in ("ok", "warn", "fail") for i in items)
