@@ -12,10 +12,10 @@ from typing import Callable
 
 from epdctl.preflight import gpu_text, host_judge, parsers
 from epdctl.preflight.diagnose import recognise, unrecognised
-from epdctl.preflight.textprep import prepare
 from epdctl.preflight.nic_checks import check_nics
 from epdctl.preflight.records import (RDMA_KINDS, CheckItem, Facts, NicExpect, NodeExpect,
                                       item as _item, leveled)
+from epdctl.preflight.textprep import prepare
 
 __all__ = ["CheckItem", "Facts", "NicExpect", "NodeExpect", "RDMA_KINDS", "check_node",
            "check_versions", "dmabuf_capable"]
@@ -25,27 +25,32 @@ def check_node(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
     """Every check the node's role needs, in a stable order. An unexpected error while reading
     one tool's output becomes one failed item naming the tool and the line; the rest still run."""
     items: list[CheckItem] = []
-    items += _guard(expect, facts, "ibv_devinfo", lambda: check_nics(expect, facts))
+    items += _guard(expect, facts, ("ibv_devinfo", "ibstat", "ibstatus", "gid_table",
+                                    "ibdev2netdev", "ip_addr"), lambda: check_nics(expect, facts))
     if any(n.kind in RDMA_KINDS for n in expect.nics) or expect.rdma_transport:
-        items += _guard(expect, facts, "ulimit_l", lambda: [_check_ulimit(expect, facts)])
+        items += _guard(expect, facts, ("ulimit_l",), lambda: [_check_ulimit(expect, facts)])
         if expect.gpus:
-            items += _guard(expect, facts, "lsmod", lambda: [_check_gpudirect(expect, facts)])
+            items += _guard(expect, facts, ("lsmod",), lambda: [_check_gpudirect(expect, facts)])
     if expect.gpus:
-        items += _guard(expect, facts, "nvidia_smi", lambda: _check_gpus(expect, facts))
+        items += _guard(expect, facts, ("nvidia_smi_health", "nvidia_smi", "nvidia_smi_L"),
+                        lambda: _check_gpus(expect, facts))
     if expect.model_path:
-        items += _guard(expect, facts, "df", lambda: _check_model(expect, facts))
+        items += _guard(expect, facts, ("df",), lambda: _check_model(expect, facts))
     if expect.ports:
-        items += _guard(expect, facts, "ss", lambda: [_check_ports(expect, facts)])
+        items += _guard(expect, facts, ("ss",), lambda: [_check_ports(expect, facts)])
     return items
 
 
-def _guard(expect: NodeExpect, facts: Facts, probe: str,
+def _guard(expect: NodeExpect, facts: Facts, probes: tuple[str, ...],
            run: Callable[[], list[CheckItem]]) -> list[CheckItem]:
     try:
         return run()
     except Exception as e:  # noqa: BLE001 - one probe's surprise must not hide the others
-        line = offending_line(e) or next(
-            (ln.strip() for ln in (facts.text(probe) or "").splitlines() if ln.strip()), "")
+        line = offending_line(e)
+        texts = {p: facts.text(p) or "" for p in probes}
+        probe = next((p for p, t in texts.items() if line and line in t), probes[0])
+        if not line:
+            line = next((ln.strip() for ln in texts[probe].splitlines() if ln.strip()), "")
         return [_item(expect, f"{probe} read", False,
                       f"unexpected error reading {probe} output ({type(e).__name__}: {e}); "
                       f"offending line: {line[:160]!r}; run `epdctl diagnose` on that output "
