@@ -81,9 +81,9 @@ def facts(model_path: str | None) -> dict[str, Any]:
     if probes["lsmod"]["rc"] == 127:
         probes["lsmod"] = _read("/proc/modules")
     probes["uname_r"] = {"rc": 0, "out": platform.release()}
-    probes["ibstatus"] = _sysfs_probe(sysfs_rdma.ibstatus_text)
-    probes["ibdev2netdev"] = _sysfs_probe(sysfs_rdma.ibdev2netdev_text)
-    probes["gid_table"] = _sysfs_probe(sysfs_rdma.gid_table_text)
+    probes["ibstatus"] = sysfs_rdma.probe(sysfs_rdma.ibstatus_text)
+    probes["ibdev2netdev"] = sysfs_rdma.probe(sysfs_rdma.ibdev2netdev_text)
+    probes["gid_table"] = sysfs_rdma.probe(sysfs_rdma.gid_table_text)
     probes["nvidia_driver"] = _read("/proc/driver/nvidia/version")
     path = Path(model_path) if model_path else Path("/")
     probe = path
@@ -101,16 +101,6 @@ def facts(model_path: str | None) -> dict[str, Any]:
     exists = {model_path: path.exists()} if model_path else {}
     return {"probes": probes, "versions": versions, "path_exists": exists,
             "hostname": platform.node()}
-
-
-def _sysfs_probe(render: Any) -> dict[str, Any]:
-    """A probe computed from sysfs; rc 127 when the node has no RDMA subsystem."""
-    if not sysfs_rdma.IB_SYSFS.is_dir():
-        return {"rc": 127, "out": "", "err": f"{sysfs_rdma.IB_SYSFS}: no RDMA devices"}
-    try:
-        return {"rc": 0, "out": render(sysfs_rdma.IB_SYSFS)}
-    except OSError as e:
-        return {"rc": 1, "out": "", "err": f"{e.filename}: {e.strerror}"}
 
 
 def _owner(ip: str) -> tuple[str | None, str]:

@@ -8,6 +8,7 @@ text can arrive with exit 0.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from epdctl.preflight import rdma_netdev, rdma_text
 from epdctl.preflight.judgement import FAIL, UNKNOWN, Judgement, not_recognised
 from epdctl.preflight.textprep import Prepared, prepare, sections
 
+log = logging.getLogger(__name__)
 _PERFTEST = re.compile(r"BW (?:peak|average)\[|#bytes\s+#iterations|\b\w+ BW Test\b|Lat(?:ency)? Test"
                        r"|Waiting for client to connect|Couldn't get context for the device|"
                        r"Unable to create QP|Couldn't create IB resources|RDMA CM event error|"
@@ -181,6 +183,7 @@ def _dispatch(found: tuple[str, str], prep: Prepared) -> Judgement:
 
 
 def _crashed(tool: str, text: str, e: Exception) -> Judgement:
+    log.debug("reading %s output raised", tool, exc_info=e)
     line = getattr(e, "line", None) or next(
         (ln.strip() for ln in text.splitlines() if ln.strip()), "")
     j = Judgement(tool)

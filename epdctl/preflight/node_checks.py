@@ -7,6 +7,7 @@ machines. Each failing item says what is wrong and what to do about it.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Callable
 
@@ -16,6 +17,8 @@ from epdctl.preflight.nic_checks import check_nics
 from epdctl.preflight.records import (RDMA_KINDS, CheckItem, Facts, NicExpect, NodeExpect,
                                       item as _item, leveled)
 from epdctl.preflight.textprep import prepare
+
+log = logging.getLogger(__name__)
 
 __all__ = ["CheckItem", "Facts", "NicExpect", "NodeExpect", "RDMA_KINDS", "check_node",
            "check_versions", "dmabuf_capable"]
@@ -46,6 +49,7 @@ def _guard(expect: NodeExpect, facts: Facts, probes: tuple[str, ...],
     try:
         return run()
     except Exception as e:  # noqa: BLE001 - one probe's surprise must not hide the others
+        log.debug("[%s] reading %s raised", expect.node, probes, exc_info=True)
         line = offending_line(e)
         texts = {p: facts.text(p) or "" for p in probes}
         probe = next((p for p, t in texts.items() if line and line in t), probes[0])

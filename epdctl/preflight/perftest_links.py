@@ -10,6 +10,7 @@ client failed. RoCE pairs use the RoCE v2 IPv4 GID index each node's GID table r
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from epdctl.preflight import rdma_netdev
@@ -19,6 +20,7 @@ from epdctl.preflight.records import RDMA_KINDS, CheckItem, Facts
 from epdctl.preflight.runners import NodeRunner
 
 TOOL = "ib_write_bw"
+log = logging.getLogger(__name__)
 
 
 def installed(facts: Facts | None) -> bool:
@@ -51,6 +53,7 @@ def measure_pairs(pairs: Sequence[LinkPair], runners: Mapping[str, NodeRunner],
         try:
             items.append(_one(pair, runners, facts, port, seconds, threshold))
         except Exception as e:  # noqa: BLE001 - one pair's surprise is that pair's finding
+            log.debug("%s %s raised", TOOL, pair.label, exc_info=True)
             items.append(CheckItem(pair.label, f"{TOOL} rail {pair.rail}", False,
                                    f"could not run {TOOL}: {type(e).__name__}: {e}"))
     return items

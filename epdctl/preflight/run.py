@@ -6,6 +6,7 @@ Returns a ``CheckReport`` (data, no printing) that the command renders as a tabl
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -17,6 +18,7 @@ from epdctl.preflight.node_checks import CheckItem, Facts, check_node, check_ver
 from epdctl.preflight.runners import NodeRunner
 
 FACTS_TIMEOUT = 90.0
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -84,6 +86,7 @@ def run_check(topo: Any, runners: Mapping[str, NodeRunner], *, plan: Any = None,
         try:
             report.items += check_node(expect[name], f)
         except Exception as e:  # noqa: BLE001 - one node's surprise never hides the others
+            log.debug("[%s] node checks raised", name, exc_info=True)
             report.items.append(CheckItem(name, "node checks", False,
                                           f"unexpected error judging this node ({type(e).__name__}:"
                                           f" {e}); the other nodes were judged"))

@@ -9,8 +9,19 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from typing import Any, Callable
 
 IB_SYSFS = Path("/sys/class/infiniband")
+
+
+def probe(render: Callable[[Path], str]) -> dict[str, Any]:
+    """An agent probe computed from sysfs; rc 127 when the node has no RDMA subsystem."""
+    if not IB_SYSFS.is_dir():
+        return {"rc": 127, "out": "", "err": f"{IB_SYSFS}: no RDMA devices"}
+    try:
+        return {"rc": 0, "out": render(IB_SYSFS)}
+    except OSError as e:
+        return {"rc": 1, "out": "", "err": f"{e.filename}: {e.strerror}"}
 
 
 def _cat(path: Path) -> str:
