@@ -26,7 +26,7 @@ _PERFTEST = re.compile(r"BW (?:peak|average)\[|#bytes\s+#iterations|\b\w+ BW Tes
 _DEVINFO = re.compile(r"hca_id:|PORT_(?:ACTIVE|DOWN|INIT|ARMED)|phys_port_cnt|Failed to open device|"
                       r"No IB devices found|Failed to get IB devices list|^\s*link_layer:\s",
                       re.M)
-_NVSMI_ERR = tuple(n for n, _, _ in gpu_text._FATAL)
+_NVSMI_ERR = tuple(n for n, _, _ in gpu_text.FATAL)
 
 
 def recognise(prep: Prepared) -> tuple[str, str] | None:
@@ -95,7 +95,7 @@ def _looks_csv(lines: list[str], prep: Prepared) -> bool:
     if not comma or len(comma) != len(lines):
         return False
     head = {c.strip().split(" [")[0] for c in comma[0].split(",")}
-    if head & gpu_text._KNOWN_COLS and len(head & gpu_text._KNOWN_COLS) >= 2:
+    if head & gpu_text.KNOWN_COLS and len(head & gpu_text.KNOWN_COLS) >= 2:
         return True
     return all(re.match(r"\s*\d+\s*,", ln) for ln in comma) and any("GPU-" in ln or "NVIDIA" in ln
                                                                    for ln in comma)

@@ -12,7 +12,7 @@ from typing import Any
 
 from epdctl.preflight.judgement import FAIL, PASS, WARN, Judgement, digits
 
-_FATAL = (
+FATAL = (
     ("Unable to determine the device handle", "the driver lost a GPU (fallen off the bus / Xid 79)",
      "drain the node; check `dmesg | grep -i xid`, reseat or replace the GPU, then reboot"),
     ("has fallen off the bus", "a GPU has fallen off the bus",
@@ -34,7 +34,7 @@ CSV_HEALTH_FIELDS = ("index", "name", "uuid", "memory.total", "pstate",
 def judge_nvidia_smi(text: str, shape: str) -> Judgement:
     j = Judgement({"table": "nvidia-smi", "csv": "nvidia-smi --query-gpu", "list": "nvidia-smi -L",
                    "q": "nvidia-smi -q", "error": "nvidia-smi"}[shape])
-    for needle, msg, advice in _FATAL:
+    for needle, msg, advice in FATAL:
         for ln in text.splitlines():
             if needle in ln:
                 j.add(FAIL, f"{msg}: {ln.strip()}", advice)
@@ -92,7 +92,7 @@ def _csv(text: str, j: Judgement) -> list[dict[str, Any]]:
         return []
     first = [c.strip() for c in rows[0].split(",")]
     if not any(c and digits(c[0]) for c in first) and any(c.split(" [")[0] in
-                                                           _KNOWN_COLS for c in first):
+                                                           KNOWN_COLS for c in first):
         cols = [c.split(" [")[0] for c in first]
         rows = rows[1:]
     else:
@@ -123,7 +123,7 @@ def _csv(text: str, j: Judgement) -> list[dict[str, Any]]:
     return gpus
 
 
-_KNOWN_COLS = {"index", "name", "uuid", "memory.total", "pci.bus_id", "pci.bus", "pstate",
+KNOWN_COLS = {"index", "name", "uuid", "memory.total", "pci.bus_id", "pci.bus", "pstate",
                "driver_version", "memory.used", "memory.free", "temperature.gpu", "serial",
                "ecc.errors.uncorrected.volatile.total", "remapped_rows.pending",
                "remapped_rows.failure", "utilization.gpu", "power.draw", "gpu_uuid", "gpu_name",

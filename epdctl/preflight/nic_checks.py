@@ -100,7 +100,7 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
                                f", below the declared {nic.speed_gbps:g} Gb/s (degraded link "
                                f"width/speed or wrong NIC)")))
         items += _check_gid_mtu(expect, nic, port, rows)
-        for level, msg, advice, _ in rdma_judge._secondary(port):
+        for level, msg, advice, _ in rdma_judge.secondary_findings(port):
             if "MTU" not in msg:
                 key = "guid" if "GUID" in msg else "lid"
                 items.append(leveled(expect, f"{tag} {key}", level, f"{msg}; {advice}"))

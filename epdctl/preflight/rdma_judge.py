@@ -97,7 +97,7 @@ def judge_ports(tool: str, read: RdmaRead) -> Judgement:
                         "appears), and point MC_GID_INDEX / NCCL_IB_GID_INDEX at it")
     grouped: dict[tuple[str, str, str], list[str]] = {}
     for p in read.ports:
-        for level, msg, advice, where in _secondary(p):
+        for level, msg, advice, where in secondary_findings(p):
             grouped.setdefault((level, msg, advice), []).append(where)
     for (level, msg, advice), wheres in grouped.items():
         j.add(level, f"{', '.join(wheres)}: {msg}", advice)
@@ -121,7 +121,7 @@ def _error_advice(err: str) -> str:
     return ""
 
 
-def _secondary(p: IbPort) -> list[tuple[str, str, str, str]]:
+def secondary_findings(p: IbPort) -> list[tuple[str, str, str, str]]:
     """(level, message, advice, where) for what works but is wrong-ish about a port."""
     where = f"{p.device} port {p.port}" if p.device != NO_DEVICE else f"port {p.port}"
     out = []
