@@ -87,6 +87,11 @@ def test_facts_that_matter_are_read():
     rtr = judge_file(REAL / "mooncake_bench_rtr_timeout.txt")
     assert rtr.facts["devices"] == {"mlx5_0": 1}
     assert any("MC_GID_INDEX" in f.advice for f in rtr.findings)
+    for name, cause in (("mooncake_store_register_enomem.txt", "memlock"),
+                        ("mooncake_pd_register_efault.txt", "nvidia_peermem"),
+                        ("mooncake_ppu_register_erange.txt", "max_mr_size")):
+        advice = [f.advice for f in judge_file(REAL / name).findings if f.level == "fail"]
+        assert any(cause in a for a in advice), (name, advice)     # the errno decides the cause
     bw = judge_file(REAL / "ib_write_bw_post_list_gbits.txt").facts
     assert bw["avg_gbps"] == 0.48 and bw["link_type"] == "Ethernet"
 

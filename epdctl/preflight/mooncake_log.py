@@ -48,6 +48,21 @@ _CAUSES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+# ibv_reg_mr errno (as Mooncake prints it, "...: Cannot allocate memory [12]") -> the cause
+REG_MR_ERRNO = {
+    12: "ENOMEM: the locked-memory limit (or the HCA's MR resources) is exhausted: make memlock "
+        "unlimited (limits.conf, LimitMEMLOCK=infinity, containers --ulimit memlock=-1:-1) or "
+        "register a smaller segment",
+    14: "EFAULT: the NIC cannot map this memory, typically GPU memory without GPUDirect: load "
+        "nvidia_peermem (or use the open kernel module's dma-buf on Linux >= 5.12), or use host "
+        "memory for the buffer",
+    34: "ERANGE: the region is larger than the device can register (ibv_devinfo -v max_mr_size): "
+        "register a smaller segment or several",
+    22: "EINVAL: the device refused the region's address/access flags: check the buffer "
+        "(host vs GPU) and the device",
+}
+
+
 def is_mooncake_line(line: str) -> bool:
     m = GLOG.match(line.strip())
     return bool(m) and any(f in m.group(3) for f in MOONCAKE_FILES)
@@ -76,6 +91,9 @@ def judge_mooncake(text: str) -> Judgement:
             tcp = True
         for needle, level, advice in _CAUSES:
             if needle in msg:
+                if needle == "Failed to register memory":
+                    e = re.search(r"\[(\d+)\]\s*\S*$", msg)
+                    advice = REG_MR_ERRNO.get(int(e.group(1)), advice) if e else advice
                 if needle not in seen:
                     seen.add(needle)
                     j.add(level, f"{sev}: {src}: {msg.strip()[:240]}", advice)
