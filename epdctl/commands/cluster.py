@@ -15,10 +15,15 @@ from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
 from epdctl.launchers.lifecycle import BringUp, tear_down, to_handle
 from epdctl.launchers.observe import observe
+from epdctl.prometheus_sd import register as register_sd
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 
 from epdctl.commands.preflight_gate import preflight_before_up
 from epdctl.commands.render_status import Progress, render_status
+
+
+_SD_HELP = ("Write Prometheus file_sd targets (every worker and the router, labels cluster/role/worker/node) "
+            "to this file and keep it current as the cluster changes.")
 
 
 def _load_plan(path: Path) -> tuple[Any, Any]:
@@ -97,8 +102,10 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
               help="Launch even when a node preflight check fails (the failures are printed).")
 @click.option("--skip-preflight", is_flag=True,
               help="Do not run the node preflight (`epdctl check TOPOLOGY`) before launching.")
+@click.option("--prometheus-sd", "prometheus_sd", type=click.Path(dir_okay=False, path_type=Path),
+              help=_SD_HELP)
 def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float,
-       accept_new_host_keys: bool, force: bool, skip_preflight: bool) -> None:
+       accept_new_host_keys: bool, force: bool, skip_preflight: bool, prometheus_sd: Path | None) -> None:
     """Preflight TOPOLOGY's nodes, start every worker and the router role by role, then run a
     canary."""
     topo, plan = _load_plan(topology)
@@ -123,6 +130,8 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
             state = ClusterState(name=topo.name, topology=str(topology.resolve()),
                                  launcher=name, api_key_env=api_key_env,
                                  model=topo.model.served_name)
+            if prometheus_sd is not None:
+                register_sd(cdir, prometheus_sd, state)
             cdir.save(state)
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
@@ -152,8 +161,10 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
 @click.option("--interval", type=float, default=2.0, show_default=True)
 @click.option("-n", "--lines", type=int, default=10, show_default=True,
               help="Log lines shown for a dead worker.")
+@click.option("--prometheus-sd", "prometheus_sd", type=click.Path(dir_okay=False, path_type=Path),
+              help=_SD_HELP)
 def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
-           lines: int) -> None:
+           lines: int, prometheus_sd: Path | None) -> None:
     """Show every worker of CLUSTER (name or topology file): process, health, load, router.
 
     Exits 1 when a worker is dead or unhealthy (useful in scripts).
@@ -163,6 +174,11 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
         state = cdir.load()
         if state is None:
             raise EpdctlError(f"cluster {cdir.name!r} is no longer recorded (stopped?)")
+        if prometheus_sd is not None:
+            n = register_sd(cdir, prometheus_sd, state)
+            click.echo(f"wrote {n} Prometheus target(s) to {prometheus_sd} (kept current by up/rebalance/down)",
+                       err=True)
+            prometheus_sd = None
         launcher = get_launcher(state.launcher)
         try:
             view = observe(state, launcher, tail_lines=lines)
