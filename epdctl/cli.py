@@ -31,6 +31,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "profile": ("plan", "profile"),
     "plan": ("plan", "plan"),
     "schema": ("schema", "schema"),
+    "init": ("init", "init"),
 }
 
 
