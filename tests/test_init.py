@@ -186,3 +186,22 @@ def test_init_inside_a_real_slurm_allocation(slurm: SlurmCluster, tmp_path: Path
     assert "srun in SLURM job" in out.read_text()
     r = _epdctl("render", str(out), "--launcher", "slurm", env={})
     assert r.returncode == 0 and "#SBATCH --nodes=2" in r.stdout, r.stdout[-2000:] + r.stderr
+
+
+def test_init_from_ssh_config_hosts(sshd, tmp_path: Path) -> None:  # noqa: F811
+    fake = _fake_tools(tmp_path / "fake", {n.host: HW[2] for n in sshd.nodes})
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("".join(f"Host gpu-{i}\n  HostName {n.host}\n  Port {n.port}\n  User {sshd.user}\n"
+                           f"  IdentityFile {sshd.client_key}\n" for i, n in enumerate(sshd.nodes))
+                   + "Host login\n  HostName 127.0.0.99\nHost gpu-*\n  StrictHostKeyChecking yes\n")
+    out = tmp_path / "from-config.yaml"
+    env = {"EPDCTL_SSH_CONFIG": str(cfg), "EPDCTL_KNOWN_HOSTS": str(sshd.known_hosts)}
+    proc = _epdctl("init", "--ssh-config-hosts", "gpu-*", "--model", "/models/m", "--arch", QWEN, "--tp", "2",
+                   "--setup", f"export PATH={fake}:$PATH", "-o", str(out), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = yaml.safe_load(out.read_text())
+    assert [(n["name"], n["host"]) for n in doc["nodes"]] == [(f"gpu-{i}", f"gpu-{i}") for i in range(3)]
+    assert all(n["nics"][0] == {"name": "mlx5_7", "kind": "ib", "speed_gbps": 200} for n in doc["nodes"])
+    assert _epdctl("validate", str(out), env=env).returncode == 0
+    bad = _epdctl("init", "--ssh-config-hosts", "cpu-*", "--model", "/m", "-o", str(tmp_path / "x.yaml"), env=env)
+    assert bad.returncode == 1 and "no Host entry" in bad.stderr and "gpu-0" in bad.stderr
