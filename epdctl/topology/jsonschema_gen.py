@@ -60,29 +60,29 @@ class TracingReader(Reader):
         self.mappings: dict[str, list[str]] = {}
         self.leaves: dict[str, dict[str, Any]] = {}
 
-    def mapping(self, value: Any, path: str, allowed: Iterable[str], what: str) -> dict[str, Any] | None:
+    def mapping(self, value: Any, path: str, allowed: Iterable[str], what: str, **_: Any) -> dict[str, Any] | None:
         keys = list(allowed)
         self.mappings.setdefault(_norm(path), keys)
         if value is _P:
             return {k: _P for k in keys}
         return value if isinstance(value, dict) else None
 
-    def get(self, m: dict[str, Any], path: str, key: str, kind: str, *, required: bool = False,
-            default: Any = None, choices: Iterable[str] | None = None, minimum: int | None = None,
-            maximum: int | None = None) -> Any:
+    def get(self, m: dict[str, Any], path: str, key: str, kind: str, **kw: Any) -> Any:
+        """Record the key's kind, choices and bounds (keyword arguments of Reader.get)."""
+        choices = kw.get("choices")
         self.leaves.setdefault(_norm(join(path, key)), {
-            "kind": kind, "required": required, "choices": list(choices) if choices is not None else None,
-            "minimum": minimum, "maximum": maximum})
+            "kind": kind, "required": bool(kw.get("required")), "choices": list(choices) if choices is not None else None,
+            "minimum": kw.get("minimum"), "maximum": kw.get("maximum")})
         if m.get(key) is None:
-            return default
+            return kw.get("default")
         value = m[key]
-        return value if isinstance(value, str) else "probe" if kind == "str" else default
+        return value if isinstance(value, str) else "probe" if kind == "str" else kw.get("default")
 
-    def env(self, m: dict[str, Any], path: str, key: str = "env") -> dict[str, str]:
+    def env(self, m: dict[str, Any], path: str, key: str = "env", **_: Any) -> dict[str, str]:
         self.leaves.setdefault(_norm(join(path, key)), {"kind": "env", "required": False})
         return {}
 
-    def args(self, m: dict[str, Any], path: str, key: str = "args") -> tuple[str, ...]:
+    def args(self, m: dict[str, Any], path: str, key: str = "args", **_: Any) -> tuple[str, ...]:
         self.leaves.setdefault(_norm(join(path, key)), {"kind": "args", "required": False})
         return ()
 
