@@ -90,7 +90,8 @@ def inventory(facts: Facts) -> Inventory:
     try:
         ifaces = parsers.parse_ip_j_addr(facts.out("ip_addr") or "[]")
     except (ValueError, KeyError) as e:
-        ifaces, _ = [], notes.append(f"ip -j addr not understood ({e})")
+        ifaces = []
+        notes.append(f"ip -j addr not understood ({e})")
     for it in ifaces:
         v4 = [a for a in it.addrs if ":" not in a]
         if it.name.startswith(_VIRTUAL) or not v4 or it.state == "DOWN":

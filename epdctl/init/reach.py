@@ -107,7 +107,7 @@ def slurm_runners(nodes: Sequence[str], python: str, setup: tuple[str, ...]) -> 
     """One srun step per node; setup lines run in a shell before the agent."""
     out: dict[str, NodeRunner] = {}
     for n in nodes:
-        prefix = ("srun", "--nodes=1", "--ntasks=1", f"--nodelist={n}", "--overlap", "--quiet")
+        prefix: tuple[str, ...] = ("srun", "--nodes=1", "--ntasks=1", f"--nodelist={n}", "--overlap", "--quiet")
         if setup:
             prefix += ("bash", "-c", " && ".join([*setup, 'exec "$@"']), "epdctl-init")
         out[n] = LocalRunner(n, prefix=prefix, python=python)

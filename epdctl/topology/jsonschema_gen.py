@@ -124,11 +124,11 @@ def _leaf(spec: dict[str, Any]) -> dict[str, Any]:
     nullable = not spec["required"]
     if spec.get("choices") is not None:
         return {"enum": spec["choices"] + ([None] if nullable else [])}
-    out: dict[str, Any] = {
+    base: dict[str, dict[str, Any]] = {
         "str": {"type": ["string", "number"], "minLength": 1},
         "int": {"type": "integer"}, "float": {"type": "number"}, "bool": {"type": "boolean"},
-        "strlist": dict(_STRLIST)}[kind]
-    out = dict(out)
+        "strlist": _STRLIST}
+    out = dict(base[kind])
     for bound in ("minimum", "maximum"):
         if spec.get(bound) is not None:
             out[bound] = spec[bound]
