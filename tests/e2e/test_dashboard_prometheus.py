@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from conftest import ROOT, Cluster
+ROOT = Path(__file__).resolve().parents[2]
+Cluster = Any  # tests/e2e/conftest.py's Cluster (not imported: several test folders have a conftest module)
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DASHBOARD = ROOT / "monitoring" / "grafana-epdctl.json"
