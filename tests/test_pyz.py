@@ -101,10 +101,15 @@ def ssh_env(sshd: SshdNodes, tmp_path: Path) -> Iterator[dict[str, str]]:  # noq
 def test_up_status_down_over_ssh_from_the_pyz(pyz: Path, sshd: SshdNodes, ssh_env: dict[str, str],  # noqa: F811
                                               tmp_path: Path) -> None:
     topo = _topology(tmp_path, sshd)
-    up = _run(pyz, tmp_path, "up", str(topo), "--launcher", "ssh", "--timeout", "600", env=ssh_env, timeout=900)
+    sd = tmp_path / "sd" / "targets.json"
+    up = _run(pyz, tmp_path, "up", str(topo), "--launcher", "ssh", "--timeout", "600", "--prometheus-sd", str(sd),
+              env=ssh_env, timeout=900)
     try:
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         assert "is up in" in up.stdout and "canary" in (up.stdout + up.stderr).lower()
+        targets = json.loads(sd.read_text())  # written by up, kept current on every state write
+        assert sorted(t["labels"]["worker"] for t in targets) == ["decode-0", "encoder-0", "prefill-0", "router"]
+        assert {t["labels"]["node"] for t in targets} == {"node-a", "node-b", "node-c"}
         st = _run(pyz, tmp_path, "status", "pyz-ssh", "--json", env=ssh_env)
         assert st.returncode == 0, st.stdout[-2000:] + st.stderr
         doc = json.loads(st.stdout)
@@ -113,3 +118,4 @@ def test_up_status_down_over_ssh_from_the_pyz(pyz: Path, sshd: SshdNodes, ssh_en
     finally:
         down = _run(pyz, tmp_path, "down", "pyz-ssh", env=ssh_env)
     assert down.returncode == 0 and "no recorded process remains" in down.stdout, down.stdout + down.stderr
+    assert json.loads(sd.read_text()) == []  # down empties the targets
