@@ -31,6 +31,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "bench"),
     "profile": ("plan", "profile"),
     "plan": ("plan", "plan"),
+    "schema": ("schema", "schema"),
+    "init": ("init", "init"),
 }
 
 

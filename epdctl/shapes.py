@@ -2,7 +2,9 @@
 
 One module feeds training (``scripts/train_tiny_vlm.py``), the tests, the post-launch canary
 and the benchmarks, so every party draws the same kind of picture and scores answers the
-same way. PIL + stdlib only (no torch): the control plane imports it.
+same way. Stdlib at import (no torch, no Pillow): the control plane imports it. Plain pictures
+(the canaries') come from ``shapes_plain/*.png``, drawn once by :func:`draw` and packaged, so a
+core-only install (no ``runtime`` extra) can run canaries; varied ones need Pillow (lazy import).
 
 Vocabulary: shapes ``circle``, ``square``, ``triangle``; colours ``red``, ``green``,
 ``blue``, ``yellow`` with exact RGB values (:data:`COLOURS`). A shape is large (radius
@@ -26,8 +28,12 @@ import io
 import random
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from PIL import Image, ImageDraw
+if TYPE_CHECKING:
+    from PIL import Image
 
 SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -41,6 +47,7 @@ DEFAULT_SIZE = 112
 MIN_SCALE, MAX_SCALE = 0.28, 0.42
 PLAIN_SCALE = 0.36
 QUESTION = "What is in each image?"
+PLAIN_DIR = Path(__file__).resolve().parent / "shapes_plain"  # <colour>-<shape>.png, see plain_png
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,8 @@ def draw(
         raise ValueError(f"unknown colour {colour!r}; expected one of {', '.join(COLOURS)}")
     if size < 16:
         raise ValueError(f"image size {size} is too small; use at least 16 pixels")
+    from PIL import Image, ImageDraw
+
     img = Image.new("RGB", (size, size), background)
     d = ImageDraw.Draw(img)
     r = scale * size
@@ -164,16 +173,31 @@ def to_png(img: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+@lru_cache(maxsize=None)
+def plain_png(shape: str, colour: str) -> bytes:
+    """The plain drawing of ``colour shape`` as PNG bytes, from the packaged files (no Pillow)."""
+    if shape not in SHAPES or colour not in COLOURS:
+        raise ValueError(f"unknown item {colour} {shape}; shapes {', '.join(SHAPES)}, colours {', '.join(COLOURS)}")
+    return (PLAIN_DIR / f"{colour}-{shape}.png").read_bytes()
+
+
 def make_request(
     rng: random.Random, n_images: int, plain: bool = False
 ) -> tuple[list[bytes], str, list[Item]]:
-    """``n_images`` random images as PNG bytes, the question, and the expected items."""
+    """``n_images`` random images as PNG bytes, the question, and the expected items.
+
+    ``plain`` images need no Pillow (packaged PNGs); the rng is drawn exactly as random_item does.
+    """
     if n_images < 1:
         raise ValueError(f"a request needs at least one image, got {n_images}")
     pngs: list[bytes] = []
     items: list[Item] = []
     for _ in range(n_images):
-        img, item = random_item(rng, plain=plain)
-        pngs.append(to_png(img))
+        if plain:
+            item = Item(rng.choice(SHAPES), rng.choice(list(COLOURS)))
+            pngs.append(plain_png(item.shape, item.colour))
+        else:
+            img, item = random_item(rng)
+            pngs.append(to_png(img))
         items.append(item)
     return pngs, question(), items

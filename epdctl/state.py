@@ -169,11 +169,13 @@ class ClusterDir:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+        _refresh_sd(self, state)
 
     def clear(self) -> None:
         """Forget the state (after `down`); logs stay for later reading."""
         with contextlib.suppress(FileNotFoundError):
             self.state_file.unlink()
+        _refresh_sd(self, None)
 
     @contextlib.contextmanager
     def lock(self, command: str, timeout: float = 0.0) -> Iterator[None]:
@@ -199,6 +201,13 @@ class ClusterDir:
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock
+
+
+def _refresh_sd(cdir: ClusterDir, state: ClusterState | None) -> None:
+    """Keep registered Prometheus SD files in step with the state (see epdctl/prometheus_sd.py)."""
+    from epdctl.prometheus_sd import refresh
+
+    refresh(cdir, state)
 
 
 def list_clusters(root: Path | None = None) -> list[str]:

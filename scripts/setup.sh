@@ -18,10 +18,10 @@ fi
 
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
+source scripts/pip_quiet.sh
 # The pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
-.venv/bin/python -c 'import torch' 2>/dev/null || $PIP install torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
-$PIP install -e '.[runtime,mooncake,router,test,bench]' 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c 'import torch' 2>/dev/null || pip_install torch==2.13.0
+pip_install -e '.[runtime,mooncake,router,test,bench]'
 .venv/bin/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'
 
 if [ "${EPDCTL_SETUP_SGLANG:-0}" = 1 ]; then

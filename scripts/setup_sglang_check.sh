@@ -5,7 +5,7 @@
 # parsers import is added, under a constraint that keeps the CPU torch 2.13.0 in place.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
+source scripts/pip_quiet.sh
 if .venv/bin/python -c 'import sglang.srt.server_args, vllm.entrypoints.common.cli_args' 2>/dev/null; then
   exit 0
 fi
@@ -15,9 +15,9 @@ import sys, importlib.metadata as md
 pins = {n: md.version(n) for n in ("torch", "transformers", "numpy")}
 open(sys.argv[1], "w").write("".join(f"{n}=={v}\n" for n, v in pins.items()))
 PY
-$PIP install --no-deps sglang==0.5.23 vllm==0.33.0 2>&1 | grep -v '^WARNING: Location' || true
-$PIP install -c "$cons" orjson pybase64 triton starlette msgspec ipython prometheus-client \
+pip_install --no-deps sglang==0.5.23 vllm==0.33.0
+pip_install -c "$cons" orjson pybase64 triton starlette msgspec ipython prometheus-client \
   cbor2 openai-harmony cloudpickle cachetools uvloop py-cpuinfo fastapi partial-json-parser \
-  llguidance xgrammar 2>&1 | grep -v '^WARNING: Location' || true
+  llguidance xgrammar
 rm -f "$cons"
 .venv/bin/python -c 'import torch; assert torch.__version__.startswith("2.13.0"), torch.__version__'

@@ -15,10 +15,24 @@ from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
 from epdctl.launchers.lifecycle import BringUp, tear_down, to_handle
 from epdctl.launchers.observe import observe
+from epdctl.prometheus_sd import register as register_sd
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
+from epdctl.topology.schema import LAUNCHERS
 
 from epdctl.commands.preflight_gate import preflight_before_up
 from epdctl.commands.render_status import Progress, render_status
+
+
+_SD_HELP = ("Write Prometheus file_sd targets (every worker and the router, labels cluster/role/worker/node) "
+            "to this file and keep it current as the cluster changes.")
+
+
+def complete_cluster(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion: recorded cluster names."""
+    try:
+        return [n for n in list_clusters() if n.startswith(incomplete)]
+    except OSError:
+        return []
 
 
 def _load_plan(path: Path) -> tuple[Any, Any]:
@@ -85,7 +99,7 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
 
 @click.command()
 @click.argument("topology", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--launcher", "launcher_name", default=None,
+@click.option("--launcher", "launcher_name", type=click.Choice(LAUNCHERS), default=None,
               help="How to start workers (default: the topology's launcher).")
 @click.option("--no-canary", is_flag=True, help="Skip the post-launch test request.")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
@@ -97,8 +111,10 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
               help="Launch even when a node preflight check fails (the failures are printed).")
 @click.option("--skip-preflight", is_flag=True,
               help="Do not run the node preflight (`epdctl check TOPOLOGY`) before launching.")
+@click.option("--prometheus-sd", "prometheus_sd", type=click.Path(dir_okay=False, path_type=Path),
+              help=_SD_HELP)
 def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float,
-       accept_new_host_keys: bool, force: bool, skip_preflight: bool) -> None:
+       accept_new_host_keys: bool, force: bool, skip_preflight: bool, prometheus_sd: Path | None) -> None:
     """Preflight TOPOLOGY's nodes, start every worker and the router role by role, then run a
     canary."""
     topo, plan = _load_plan(topology)
@@ -123,6 +139,8 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
             state = ClusterState(name=topo.name, topology=str(topology.resolve()),
                                  launcher=name, api_key_env=api_key_env,
                                  model=topo.model.served_name)
+            if prometheus_sd is not None:
+                register_sd(cdir, prometheus_sd, state)
             cdir.save(state)
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
@@ -146,14 +164,16 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
 
 
 @click.command()
-@click.argument("cluster", required=False)
+@click.argument("cluster", required=False, shell_complete=complete_cluster)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--watch", is_flag=True, help="Refresh every --interval seconds until Ctrl-C.")
-@click.option("--interval", type=float, default=2.0, show_default=True)
-@click.option("-n", "--lines", type=int, default=10, show_default=True,
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, show_default=True)
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=10, show_default=True,
               help="Log lines shown for a dead worker.")
+@click.option("--prometheus-sd", "prometheus_sd", type=click.Path(dir_okay=False, path_type=Path),
+              help=_SD_HELP)
 def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
-           lines: int) -> None:
+           lines: int, prometheus_sd: Path | None) -> None:
     """Show every worker of CLUSTER (name or topology file): process, health, load, router.
 
     Exits 1 when a worker is dead or unhealthy (useful in scripts).
@@ -163,6 +183,11 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
         state = cdir.load()
         if state is None:
             raise EpdctlError(f"cluster {cdir.name!r} is no longer recorded (stopped?)")
+        if prometheus_sd is not None:
+            n = register_sd(cdir, prometheus_sd, state)
+            click.echo(f"wrote {n} Prometheus target(s) to {prometheus_sd} (kept current by up/rebalance/down)",
+                       err=True)
+            prometheus_sd = None
         launcher = get_launcher(state.launcher)
         try:
             view = observe(state, launcher, tail_lines=lines)
@@ -182,7 +207,7 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
 
 
 @click.command()
-@click.argument("cluster", required=False)
+@click.argument("cluster", required=False, shell_complete=complete_cluster)
 @click.option("--grace", type=float, default=15.0, show_default=True,
               help="Seconds to wait after SIGTERM before SIGKILL.")
 def down(cluster: str | None, grace: float) -> None:
@@ -241,7 +266,7 @@ def _log_dir_cluster(name: str | None) -> ClusterDir:
 @click.argument("worker", required=False)
 @click.option("-c", "--cluster", default=None, help="Cluster name (if several are recorded).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until Ctrl-C.")
-@click.option("-n", "--lines", type=int, default=40, show_default=True)
+@click.option("-n", "--lines", type=click.IntRange(min=0), default=40, show_default=True)
 def logs(worker: str | None, cluster: str | None, follow: bool, lines: int) -> None:
     """Print the log of WORKER (e.g. prefill-0, router), or the tail of every log."""
     from epdctl.launchers.base import tail

@@ -43,6 +43,7 @@ PROBES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ulimit_l", ("sh", "-c", "ulimit -l")),
     ("ip_addr", ("ip", "-j", "addr")),
     ("ss", ("ss", "-ltn")),
+    ("net_speed", ("sh", "-c", "grep -H . /sys/class/net/*/speed 2>/dev/null; true")),  # Mb/s, for init
 )
 # version key -> distributions that provide it (the first one installed wins)
 VERSION_PACKAGES: dict[str, tuple[str, ...]] = {

@@ -150,7 +150,8 @@ def description(topo: Topology) -> list[str]:
     for line in lines:
         if not line.startswith("#"):
             break
-        out.append(line)
+        if not line.startswith("# yaml-language-server:"):  # an editor directive, not a description
+            out.append(line)
     return out
 
 

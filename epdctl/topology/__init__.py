@@ -33,8 +33,8 @@ def topology_from_text(text: str, source: str | Path | None = None) -> Topology:
     return _build(parse_yaml(text, Path(source) if source else None))
 
 
-def _build(doc: Document) -> Topology:
-    r = Reader(doc)
+def _build(doc: Document, reader: Reader | None = None) -> Topology:
+    r = reader or Reader(doc)  # jsonschema_gen passes a tracing reader
     top = top_level(r, doc)
     if top is None:
         raise TopologyError(r.problems)

@@ -62,6 +62,13 @@ def test_topology(tmp_dir: Path, src: Path = TOPOLOGY) -> Path:
     return out
 
 
+def validate_status(doc: dict) -> None:
+    """Every real `status --json` an e2e test reads must match the documented schema."""
+    import jsonschema
+
+    jsonschema.validate(doc, json.loads((ROOT / "docs" / "status.schema.json").read_text()))
+
+
 test_topology.__test__ = False  # type: ignore[attr-defined]  # a helper, not a test
 
 
@@ -87,7 +94,9 @@ class Cluster:
     def status(self) -> dict:
         proc = self.epdctl("status", self.name, "--json")
         assert proc.stdout, proc.stderr
-        return json.loads(proc.stdout)
+        doc = json.loads(proc.stdout)
+        validate_status(doc)
+        return doc
 
     def state(self) -> dict:
         path = Path(self.env["EPDCTL_STATE_DIR"]) / "clusters" / self.name / "state.json"

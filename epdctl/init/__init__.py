@@ -1,0 +1,1 @@
+"""`epdctl init`: a first topology from what the nodes report (GPUs, NICs), see commands/init.py."""

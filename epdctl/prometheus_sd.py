@@ -1,0 +1,105 @@
+"""Prometheus file-based service discovery: where every worker's and the router's /metrics is.
+
+``epdctl status --prometheus-sd FILE`` (or ``up --prometheus-sd FILE``) writes FILE in the
+``file_sd_configs`` format and registers it in the cluster's run folder; from then on every write
+of the cluster's state (``up`` adding workers, ``rebalance`` moving them, ``down``) rewrites it,
+so a Prometheus server pointed at FILE follows the cluster without a restart. Writes are atomic
+(temp file + rename), which Prometheus' file watcher expects.
+
+One target group per process so each carries its own labels: ``cluster``, ``role``
+(encoder/prefill/decode/colocated/router), ``worker`` and ``node``. Only the rank-0 process of a
+multi-node worker serves HTTP, so followers are left out. The router's target is its
+``--prometheus-host/--prometheus-port`` page, read from the command line it was started with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from epdctl.errors import EpdctlError
+
+if TYPE_CHECKING:
+    from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+
+REGISTRY = "prometheus_sd.json"  # in the cluster's run folder: the SD files kept current
+_ANY_ADDR = ("0.0.0.0", "::", "")
+
+
+def _argv_value(argv: list[str], flag: str) -> str | None:
+    for i, a in enumerate(argv[:-1]):
+        if a == flag:
+            return argv[i + 1]
+    return None
+
+
+def _address(host: str, port: int | str) -> str:
+    host = "127.0.0.1" if host in _ANY_ADDR else host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _target(p: ProcessRecord) -> str | None:
+    if p.role == "router":
+        port = _argv_value(p.argv, "--prometheus-port")
+        return _address(_argv_value(p.argv, "--prometheus-host") or p.host, port) if port else None
+    if not p.is_leader:
+        return None
+    u = urlsplit(p.url)
+    return _address(u.hostname or p.host, u.port or p.port)
+
+
+def targets(state: ClusterState | None) -> list[dict[str, Any]]:
+    """The file_sd document for ``state`` (an empty list when the cluster is stopped)."""
+    out: list[dict[str, Any]] = []
+    for p in (state.processes if state is not None else []):
+        t = _target(p)
+        if t is not None:
+            out.append({"targets": [t], "labels": {"cluster": state.name, "role": p.role,  # type: ignore[union-attr]
+                                                   "worker": p.name, "node": p.node}})
+    return out
+
+
+def write(path: Path, state: ClusterState | None) -> int:
+    """Write the SD file atomically; returns the number of targets. EpdctlError if unwritable."""
+    doc = targets(state)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise EpdctlError(f"cannot write Prometheus targets to {path} ({e.strerror}); check the path") from None
+    return len(doc)
+
+
+def registered(cdir: ClusterDir) -> list[Path]:
+    """The SD files this cluster keeps current."""
+    try:
+        data = json.loads((cdir.root / REGISTRY).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [Path(p) for p in data if isinstance(p, str)] if isinstance(data, list) else []
+
+
+def register(cdir: ClusterDir, path: Path, state: ClusterState | None) -> int:
+    """Write ``path`` now and keep it current from now on; returns the number of targets."""
+    path = path.expanduser().resolve()
+    n = write(path, state)
+    paths = registered(cdir)
+    if path not in paths:
+        cdir.root.mkdir(parents=True, exist_ok=True)
+        (cdir.root / REGISTRY).write_text(json.dumps([str(p) for p in paths + [path]]) + "\n", encoding="utf-8")
+    return n
+
+
+def refresh(cdir: ClusterDir, state: ClusterState | None) -> None:
+    """Rewrite every registered SD file (called on each state write); a failing file is skipped,
+    because monitoring must never stop a cluster from starting or stopping."""
+    for path in registered(cdir):
+        try:
+            write(path, state)
+        except EpdctlError:
+            continue
