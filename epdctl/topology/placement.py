@@ -8,7 +8,10 @@ from typing import Any
 from epdctl.topology.loader import join
 from epdctl.topology.model import ROLE_ORDER, Node, Role, Settings, Worker
 from epdctl.topology.reader import Reader
-from epdctl.topology.schema import MAX_COUNT, ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
+from epdctl.topology.schema import MAX_COUNT, MAX_GPUS_PER_NODE, ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
+
+
+MAX_GPU_ID = MAX_GPUS_PER_NODE - 1
 
 
 def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]],
@@ -154,7 +157,8 @@ def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath
                               read_settings(r, w, wpath, SETTING_KEYS))
     ports = {k: r.get(w, wpath, k, "int", minimum=1, maximum=65535)
              for k in ("port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port")}
-    worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports)
+    worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports,
+                    **_explicit_gpus(r, w, wpath, settings), own_env=r.env(w, wpath) if "env" in w else {})
     g = 0 if engine == "embedded" else settings.gpus
     if len(names) > 1:
         per_node = [nodes[n].gpus for n in names]
@@ -171,6 +175,29 @@ def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath
     return worker
 
 
+def _explicit_gpus(r: Reader, w: dict[str, Any], wpath: str, settings: Settings) -> dict[str, Any]:
+    """``base_gpu_id`` (first GPU, as --base-gpu-id) or ``gpu_ids`` (CUDA_VISIBLE_DEVICES) of one worker."""
+    base = r.get(w, wpath, "base_gpu_id", "int", minimum=0, maximum=MAX_GPU_ID)
+    ids: tuple[int, ...] = ()
+    raw = w.get("gpu_ids")
+    if raw is not None:
+        if not isinstance(raw, list) or not raw or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                           and 0 <= x <= MAX_GPU_ID for x in raw):
+            r.problem(join(wpath, "gpu_ids"), "gpu_ids must be a list of GPU indices, e.g. [4, 5, 6, 7]")
+        elif len(set(raw)) != len(raw):
+            r.problem(join(wpath, "gpu_ids"), "gpu_ids lists a GPU twice")
+        elif len(raw) != settings.gpus // max(1, len(w.get("nodes") or [1])):
+            r.problem(join(wpath, "gpu_ids"), f"gpu_ids lists {len(raw)} GPU(s) but the worker uses "
+                                              f"{settings.gpus // max(1, len(w.get('nodes') or [1]))} per node "
+                                              f"(tp*pp*dp / nodes)")
+        else:
+            ids = tuple(raw)
+    if base is not None and ids:
+        r.problem(wpath, "give base_gpu_id or gpu_ids, not both")
+        return {}
+    return {"base_gpu_id": base, "gpu_ids": ids}
+
+
 def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engine: str | None) -> None:
     """Give each worker consecutive GPUs on each of its nodes; report nodes whose GPUs run out."""
     used: dict[str, list[tuple[str, int, str]]] = {}
@@ -179,9 +206,11 @@ def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engin
         bases = []
         for n in w.nodes:
             slots = used.setdefault(n, [])
-            bases.append(sum(x[1] for x in slots))
+            bases.append(sum(x[1] for x in slots) if w.base_gpu_id is None else w.base_gpu_id)
             if per:
                 slots.append((w.name, per, w.path))
+        if w.gpu_ids:
+            bases = [0] * len(w.nodes)  # CUDA_VISIBLE_DEVICES renumbers the listed GPUs from 0
         object.__setattr__(w, "base_gpu_ids", tuple(bases))
     for name, slots in used.items():
         total = sum(x[1] for x in slots)

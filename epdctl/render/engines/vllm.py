@@ -41,7 +41,9 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
             argv += ["--headless"]
     env: dict[str, str] = {}
     gpus = w.gpus_per_node
-    if gpus:
+    if w.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in w.gpu_ids)
+    elif gpus:
         base = w.base_gpu_ids[ctx.rank]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(base, base + gpus))
     ec_path = topo.transfer.ec_storage_path or f"/tmp/epdctl-ec-cache/{topo.name}"
