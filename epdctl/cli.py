@@ -30,6 +30,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench", "bench"),
     "profile": ("plan", "profile"),
     "plan": ("plan", "plan"),
+    "import": ("import_cmd", "import_"),
 }
 
 

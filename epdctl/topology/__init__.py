@@ -58,13 +58,18 @@ def _build(doc: Document) -> Topology:
     ports = read_ports(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
-    if r.problems or model is None or name is None or engine is None:
+    if model is None or name is None or engine is None:
         raise TopologyError(_sorted(r.problems))
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
                     lines=doc.lines)
-    problems = [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
+    problems = list(r.problems)
+    try:  # all problems in one run: the cross-role checks also run on what did read
+        problems += [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
+    except Exception:  # noqa: BLE001 - a partial topology may trip a check; its reader problems stand
+        if not r.problems:
+            raise
     if problems:
         raise TopologyError(_sorted(_dedupe(problems)))
     return topo

@@ -28,12 +28,14 @@ class Migration:
     removed_by: str | None = None
     evidence: str = ""
 
+    def why(self) -> str:
+        why = f"removed by SGLang {self.removed_by}" if self.status == "removed" else "deprecated in SGLang 0.5.23"
+        return why + (f"; {self.note}" if self.note else "")
+
     def summary(self) -> str:
         """``--enable-deepep-moe -> --moe-a2a-backend deepep (removed by SGLang 0.5.23)``."""
         new = " ".join(self.replacement) if self.replacement else "drop it"
-        why = f"removed by SGLang {self.removed_by}" if self.status == "removed" else "deprecated in SGLang 0.5.23"
-        extra = f"; {self.note}" if self.note else ""
-        return f"{self.flag} -> {new} ({why}{extra})"
+        return f"{self.flag} -> {new} ({self.why()})"
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,8 @@ class Applied:
     reason: str
 
     def describe(self) -> str:
-        return f"{' '.join(self.old)} -> {' '.join(self.new) or '(dropped)'}: {self.reason}"
+        why = self.migration.why() if self.migration is not None else self.reason
+        return f"{' '.join(self.old)} -> {' '.join(self.new) or '(dropped)'} ({why})"
 
 
 @lru_cache(maxsize=None)

@@ -36,7 +36,8 @@ def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_laye
                                          (counted or {}).get(role.value)))
     rejected = any(isinstance(v, dict) and _is_count(v.get("nodes")) and role not in (counted or {})
                    for role, v in roles.items())  # already reported at roles.<role>.nodes
-    if not workers and not rejected:
+    explained = any(p.path.startswith("roles.") for p in r.problems)  # a role's own problem already says why
+    if not workers and not rejected and not explained:
         r.problem("roles", "no workers: define roles.prefill and roles.decode (plus roles.encoder for images), "
                            "or roles.colocated")
     _assign_gpus(r, workers, nodes, engine)

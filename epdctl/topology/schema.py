@@ -283,7 +283,8 @@ def top_level(r: Reader, doc: Document) -> dict[str, Any] | None:
         r.problem("", f"the topology must be a YAML mapping (name: ..., model: ..., nodes: ...), got "
                       f"{type(doc.data).__name__}")
         return None
-    return r.mapping(doc.data, "", TOP_KEYS, "the topology")
+    anchors = tuple(k for k in doc.data if isinstance(k, str) and k.startswith("x-"))  # `x-base: &base` holders
+    return r.mapping(doc.data, "", TOP_KEYS + anchors, "the topology")
 
 
 __all__ = ["ENGINES", "LAUNCHERS", "Role", "read_settings", "merge_settings"]

@@ -1,0 +1,330 @@
+"""Assemble the topology data of an import: nodes, workers, transfer, router, env layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epdctl.importer.build import (ANY, EMBEDDINGS, INT_KEYS, LOOPBACK, STR_KEYS, WIRING, Draft, Worker,
+                                   check_single, group_workers, is_ref, secret_env, split_addr)
+from epdctl.importer.launches import Launch
+from epdctl.importer.shell import ImportError_
+from epdctl.topology.engine_flags import flag_table
+from epdctl.topology.schema import DTYPES
+
+RENDERED = {"--enable-metrics"}  # epdctl renders these itself on non-encoders
+
+
+class Assembler:
+    def __init__(self, launches: list[Launch], name: str):
+        self.servers = [x for x in launches if x.kind in ("sglang", "vllm")]
+        self.routers = [x for x in launches if x.kind == "router"]
+        if not self.servers:
+            raise ImportError_("no engine server command found (python -m sglang.launch_server, dynamo.sglang, "
+                               "vllm serve ...); nothing to import")
+        self.engine = self.servers[0].kind
+        if any(s.kind != self.engine for s in self.servers):
+            raise ImportError_("the commands mix SGLang and vLLM servers; import each engine's set separately")
+        self.name = name
+        self.c: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.nodes: dict[str, dict[str, Any]] = {}  # node name -> node mapping
+        self.node_of_host: dict[str, str] = {}
+        self.node_gpus: dict[str, int] = {}
+        self.roles_on: dict[str, set[str]] = {}
+        self.origin: dict[str, Launch] = {}
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def node_for(self, host: str, suggested: str, comment: str | None) -> str:
+        if host in self.node_of_host:
+            return self.node_of_host[host]
+        name = suggested
+        while name in self.nodes:
+            name += "x"
+        self.nodes[name] = {"name": name, "host": host}
+        self.node_of_host[host] = name
+        if comment:
+            self.c[f"nodes[{len(self.nodes) - 1}].host"] = comment
+        return name
+
+    def rank_host(self, w: Worker, rank: int) -> tuple[str, str | None]:
+        """The address of the node that runs ``rank`` of ``w``, and a comment when it is a guess."""
+        s = w.ranks[rank]
+        bind = s.get("--host") or "127.0.0.1"
+        dist = s.get("--dist-init-addr")
+        if rank == 0 and dist:
+            return split_addr(dist)[0], "from --dist-init-addr (rank 0 of a multi-node worker)"
+        if rank in w.synthesized:
+            ref = "${" + f"{w.key}_node{rank}_host".upper() + "}"
+            return ref, f"guess: the input has no node-rank {rank} command; put that node's address here"
+        if bind in LOOPBACK or bind.startswith("127."):
+            return "127.0.0.1", "the command binds loopback: one machine"
+        if bind not in ANY and not is_ref(bind):
+            return bind, "from --host"
+        if len(w.ranks) > 1:
+            ref = "${" + f"{w.key}_node{rank}_host".upper() + "}"
+            return ref, f"guess: the node-rank {rank} command does not say its address ({bind}); set it here"
+        url_host = self.router_host_for(s)
+        if url_host:
+            return url_host, "from the router's URL for this server"
+        ref = "${" + f"{w.key}_host".upper() + "}"
+        return ref, f"guess: the command binds {bind}; set this node's address"
+
+    def router_host_for(self, s: Launch) -> str | None:
+        port = s.get("--port")
+        for r in self.routers:
+            for flag in ("--prefill", "--decode", "--worker-urls"):
+                for vals in r.repeats(flag):
+                    for v in vals:
+                        if v.startswith("http") and port and v.rstrip("/").endswith(f":{port}"):
+                            return v.split("://", 1)[1].rsplit(":", 1)[0]
+        return None
+
+    # -- workers ----------------------------------------------------------------------------------
+    def worker(self, w: Worker, path: str) -> dict[str, Any]:
+        s = w.lead
+        out: dict[str, Any] = {}
+        names = []
+        for rank in range(len(w.ranks)):
+            host, why = self.rank_host(w, rank)
+            suffix = f"n{rank}" if len(w.ranks) > 1 else ""
+            node = self.node_for(host, f"{w.role[0]}{w.index}{suffix}", why)
+            names.append(node)
+            self.roles_on.setdefault(node, set()).add(w.role)
+            if rank not in w.synthesized:  # only what the input really says is compared in a round trip
+                self.origin[f"{w.role}-{w.index}" + (f".r{rank}" if rank else "")] = w.ranks[rank]
+        if len(names) > 1:
+            out["nodes"] = names
+        else:
+            out["node"] = names[0]
+        if w.synthesized:
+            self.c[f"{path}.nodes"] = (f"guess: node ranks {sorted(w.synthesized)} are not in the input; they run "
+                                       f"the rank-0 command with their own --node-rank")
+        bind = s.get("--host")
+        if bind is not None:
+            host0 = self.nodes[names[0]]["host"]
+            if bind in ANY:
+                out["host"] = bind
+            elif is_ref(bind) or bind == host0:
+                out["host"] = "node"
+                if is_ref(bind):
+                    self.c[f"{path}.host"] = f"--host {bind} read as each node's own address"
+            elif not (bind in LOOPBACK or bind.startswith("127.")):
+                out["host"] = bind
+        port = s.get("--port")
+        if port is not None and port.isdigit():
+            out["port"] = int(port)
+        elif port is not None:
+            self.c[f"{path}"] = f"--port {port} is a placeholder; epdctl picks a port (set port: N to pin it)"
+        for flag, key in (("--disaggregation-bootstrap-port", "bootstrap_port"),
+                          ("--encoder-bootstrap-port", "encoder_bootstrap_port"), ("--base-gpu-id", "base_gpu_id")):
+            v = s.get(flag)
+            if v is not None and v.isdigit():
+                out[key] = int(v)
+        dist = s.get("--dist-init-addr")
+        if dist and len(w.ranks) > 1:
+            p = split_addr(dist)[1]
+            if p and p.isdigit():
+                out["dist_init_port"] = int(p)
+        args: list[str] = []
+        enc_backend = s.get("--encoder-transfer-backend")
+        table = flag_table(self.engine)
+        for flag, vals in s.flags:
+            opt = table.resolve(flag)
+            bad = [v for v in vals if opt is not None and opt.choices and v not in opt.choices and not is_ref(v)]
+            if flag in INT_KEYS and len(vals) == 1 and vals[0].isdigit():
+                out[INT_KEYS[flag]] = int(vals[0])
+            elif flag in INT_KEYS and INT_KEYS[flag] in ("tp", "pp", "dp", "attention_dp", "ep"):
+                self.c[f"{path}.{INT_KEYS[flag]}"] = (f"{flag} {' '.join(vals)} is a placeholder; set "
+                                                      f"{INT_KEYS[flag]} (epdctl assumed 1)")
+            elif flag in STR_KEYS and len(vals) == 1 and not is_ref(vals[0]) and not bad:
+                out[STR_KEYS[flag]] = vals[0]
+            elif flag == "--mem-fraction-static" and len(vals) == 1 and _float(vals[0]) is not None:
+                out["mem_fraction_static"] = _float(vals[0])
+            elif flag == "--encoder-transfer-backend" and enc_backend in EMBEDDINGS:
+                continue  # transfer.embeddings
+            elif flag == "--mooncake-ib-device" and vals == [s.get("--disaggregation-ib-device")]:
+                continue  # rendered from the NICs
+            elif flag in RENDERED and w.role != "encoder":
+                continue
+            elif flag in ("--dtype",) and vals and vals[0] in DTYPES:
+                continue  # model.dtype
+            elif bad:
+                self.notes.append(f"{s.cmd.where}: dropped {flag} {' '.join(vals)}: SGLang 0.5.23 does not accept "
+                                  f"{', '.join(bad)} (choices: {', '.join(opt.choices or ())}); pick one and add it "
+                                  f"to {path}.args")
+                self.c[path] = f"dropped {flag} {' '.join(vals)} (not accepted by SGLang 0.5.23; see the notes above)"
+            elif flag not in WIRING_ALL or flag in ("--mem-fraction-static",) + tuple(
+                    f for f, k in INT_KEYS.items() if k not in ("tp", "pp", "dp", "attention_dp", "ep")) + tuple(
+                    STR_KEYS):
+                args += [flag] + vals
+        if s.module not in ("sglang.launch_server",) and self.engine == "sglang":
+            out["module"] = s.module
+            self.c[f"{path}.module"] = f"the input runs python -m {s.module}"
+        ib = s.get("--disaggregation-ib-device")
+        if ib and not ib.lstrip().startswith("{") and not ib.endswith(".json"):
+            nics = [n for n in ib.split(",") if n]
+            for n in names:
+                node = self.nodes[n]
+                have = {x["name"] for x in node.setdefault("nics", [])}
+                node["nics"] += [{"name": x, "kind": "ib"} for x in nics if x not in have]
+        if args:
+            out["args"] = args
+        per = _gpus(out)
+        for n in names:
+            if "base_gpu_id" in out:
+                self.node_gpus[n] = max(self.node_gpus.get(n, 0), out["base_gpu_id"] + per)
+            else:
+                self.node_gpus[n] = self.node_gpus.get(n, 0) + per
+        if out.get("dp", 1) > 1 and "attention_dp" not in out and len(w.ranks) == 1:
+            self.c[f"{path}.dp"] = (f"--dp-size {out['dp']} without DP attention means {out['dp']} replicas of "
+                                    f"tp {out.get('tp', 1)}; if you meant DP attention use attention_dp")
+        return out
+
+
+WIRING_ALL = set(WIRING) | set(INT_KEYS) | set(STR_KEYS) | {"--nnodes", "--node-rank", "--dtype", "--model",
+                                                             "--encoder-transfer-backend"}
+
+
+def _float(v: str) -> float | None:
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def _gpus(w: dict[str, Any]) -> int:
+    per = w.get("tp", 1) * w.get("pp", 1) * w.get("dp", 1)
+    return per // max(1, len(w.get("nodes", [1])))
+
+
+def draft(launches: list[Launch], name: str) -> Draft:
+    a = Assembler(launches, name)
+    workers = group_workers(a.servers, a.notes)
+    model_path = check_single(a.servers, "--model-path" if a.engine == "sglang" else "--model", "model paths")
+    if model_path is None:
+        raise ImportError_("the server commands give no --model-path")
+    served = check_single(a.servers, "--served-model-name", "served model names")
+    model: dict[str, Any] = {"path": model_path}
+    if served:
+        model["served_name"] = served
+    if any(s.has("--trust-remote-code") for s in a.servers):
+        model["trust_remote_code"] = True
+    dtype = check_single(a.servers, "--dtype", "dtypes")
+    if dtype in DTYPES:
+        model["dtype"] = dtype
+    roles: dict[str, Any] = {}
+    for w in workers:
+        items = roles.setdefault(w.role, {"workers": []})["workers"]
+        items.append(a.worker(w, f"roles.{w.role}.workers[{len(items)}]"))
+    data: dict[str, Any] = {"name": name, "engine": a.engine}
+    hosts = [n["host"] for n in a.nodes.values()]
+    data["launcher"] = "local" if all(h in LOOPBACK for h in hosts) else "ssh"
+    if data["launcher"] == "ssh":
+        a.c["launcher"] = "guess: the commands run on several machines; or slurm (add a slurm: section)"
+    data["model"] = model
+    env_layers(a, workers, roles, data)
+    data["transfer"] = transfer(a, workers)
+    for i, (n, node) in enumerate(a.nodes.items()):
+        node["gpus"] = a.node_gpus.get(n, 0)
+        a.c.setdefault(f"nodes[{i}].gpus", "guess: the GPUs the imported commands use on this node")
+        if len(a.roles_on.get(n, ())) > 1:
+            node["shared"] = True
+        if node.get("nics"):
+            a.c[f"nodes[{i}].nics"] = "from --disaggregation-ib-device; guess: kind ib (say roce for RoCE)"
+    data["nodes"] = list(a.nodes.values())
+    data["roles"] = roles
+    router = router_section(a, workers, roles)
+    if router:
+        data["router"] = router
+    lines: dict[str, list[str]] = {}
+    for s in a.servers:
+        for x in s.applied:
+            lines.setdefault(x.describe(), []).append(s.cmd.where)
+    migrations = [f"{', '.join(where)}: {what}" for what, where in lines.items()]
+    return Draft(data, a.c, a.notes, migrations, a.origin)
+
+
+def env_layers(a: Assembler, workers: list[Worker], roles: dict[str, Any], data: dict[str, Any]) -> None:
+    """Env common to every server -> defaults.env; to one worker's ranks -> the worker; else per node."""
+    envs = [{**s.cmd.exported, **s.cmd.env} for s in a.servers]
+    common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
+    if common:
+        data["defaults"] = {"env": secret_env(common, "defaults.env", a.c)}
+    seen: dict[str, int] = {}
+    for w in workers:
+        i = seen.get(w.role, 0)
+        seen[w.role] = i + 1
+        item = roles[w.role]["workers"][i]
+        path = f"roles.{w.role}.workers[{i}]"
+        rank_envs = [{k: v for k, v in {**s.cmd.exported, **s.cmd.env}.items() if common.get(k) != v}
+                     for s in w.ranks]
+        shared = {k: v for k, v in rank_envs[0].items() if all(e.get(k) == v for e in rank_envs)}
+        if shared:
+            item["env"] = secret_env(shared, f"{path}.env", a.c)
+        nodes = item.get("nodes") or [item["node"]]
+        for rank, e in enumerate(rank_envs):
+            rest = {k: v for k, v in e.items() if k not in shared}
+            if rest:
+                node = a.nodes[nodes[rank]]
+                node.setdefault("env", {}).update(secret_env(rest, f"nodes.{nodes[rank]}.env", a.c))
+
+
+def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
+    pd = [w.lead for w in workers if w.role in ("prefill", "decode")]
+    out: dict[str, Any] = {}
+    if a.engine == "sglang":
+        backends = {s.get("--disaggregation-transfer-backend", "mooncake") for s in pd}
+        backend = sorted(backends)[0] if backends else "zmq"
+        if len(backends) > 1:
+            a.notes.append(f"prefill and decode use different KV transfer backends ({', '.join(sorted(backends))}); "
+                           f"kept {backend}")
+        if backend == "mooncake_tcp":
+            out = {"backend": "mooncake", "rdma": "off"}
+        else:
+            out = {"backend": backend if backend in ("mooncake", "nixl") else "mooncake"}
+        if backend == "mooncake" and pd and not any(s.has("--disaggregation-ib-device") for s in pd):
+            out["rdma"] = "auto"
+            a.c["transfer.rdma"] = "no --disaggregation-ib-device in the input: SGLang finds the RDMA devices"
+        enc = {s.get("--encoder-transfer-backend") for w in workers for s in [w.lead]
+               if w.role in ("encoder", "prefill") and s.get("--encoder-transfer-backend") in EMBEDDINGS}
+        if enc:
+            out["embeddings"] = EMBEDDINGS[sorted(enc)[0]]
+    else:
+        kv = " ".join(s.get("--kv-transfer-config") or "" for s in pd)
+        out = {"backend": "mooncake" if "Mooncake" in kv else "nixl"} if pd else {}
+    return out
+
+
+def router_section(a: Assembler, workers: list[Worker], roles: dict[str, Any]) -> dict[str, Any] | None:
+    if not a.routers:
+        if any(w.role == "prefill" for w in workers):
+            a.notes.append("no router command in the input: add a router: section to front prefill and decode")
+        return None
+    r = a.routers[0]
+    first = roles.get("prefill", roles.get("colocated", {"workers": [{}]}))["workers"][0]
+    node = (first.get("nodes") or [first.get("node")])[0] or next(iter(a.nodes))
+    out: dict[str, Any] = {"node": node, "implementation": r.router_impl}
+    a.c["router.node"] = "guess: the input does not say where the router runs"
+    if r.router_impl == "mini_lb":
+        a.c["router.implementation"] = ("SGLang's sglang.srt.disaggregation.mini_lb moved into sglang-router: "
+                                        "rendered as python -m sglang_router.launch_router --mini-lb")
+    host, port, policy = r.get("--host"), r.get("--port"), r.get("--policy")
+    if host:
+        out["host"] = host
+    if port and port.isdigit():
+        out["port"] = int(port)
+    if policy in ("random", "round_robin", "cache_aware", "power_of_two"):
+        out["policy"] = policy
+    for vals in r.repeats("--prefill"):  # URL [BOOTSTRAP_PORT]: the prefill's bootstrap port
+        if len(vals) >= 2 and vals[1].isdigit():
+            for item in roles.get("prefill", {"workers": []})["workers"]:
+                if item.get("port") and vals[0].rstrip("/").endswith(f":{item['port']}"):
+                    item.setdefault("bootstrap_port", int(vals[1]))
+    managed = {"--host", "--port", "--policy", "--prefill", "--decode", "--pd-disaggregation", "--worker-urls",
+               "--prometheus-host", "--prometheus-port", "--mini-lb"}
+    extra = [t for f, vals in r.flags if f not in managed for t in [f] + vals]
+    if extra:
+        out["args"] = extra
+    if len(a.routers) > 1:
+        a.notes.append(f"{len(a.routers)} router commands; imported the first ({r.cmd.where})")
+    return out

@@ -1,0 +1,122 @@
+"""Read launch scripts the way a shell would read their command lines: ``\\`` continuations,
+comments, ``$ `` prompts copied from docs, ``export NAME=value`` (kept for later commands of the
+same file), inline ``NAME=value cmd`` assignments, wrappers (nohup, env, numactl, a custom
+``run.sh``), and trailing redirections, pipes and ``&``. Nothing is expanded: ``${VAR}`` and
+``$VAR`` stay as written, so the topology keeps the placeholders the script had.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from epdctl.errors import EpdctlError
+
+ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+PROMPT = re.compile(r"^\s*(\$|#|>)\s+(?=\S)")
+OPERATORS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "2>", "2>>", ">&", "2>&1", "&>"}
+WRAPPERS = {"nohup", "env", "exec", "time", "sudo", "stdbuf", "taskset", "numactl", "srun"}
+
+
+class ImportError_(EpdctlError):
+    """A launch script cannot be read (named so as not to shadow the builtin)."""
+
+
+@dataclass
+class Command:
+    """One command line: where it was, the env it sets, its program and arguments."""
+
+    source: str
+    line: int
+    env: dict[str, str]
+    argv: list[str]
+    comment: str | None = None  # the comment line right above it, e.g. "# prefill 0"
+    exported: dict[str, str] = field(default_factory=dict)  # `export`s seen earlier in the file
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """Join backslash continuations; return (first physical line number, joined text)."""
+    out: list[tuple[int, str]] = []
+    buf: list[str] = []
+    start = 0
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip()
+        if not buf:
+            start = n
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            buf.append(line[:-1])
+            continue
+        buf.append(line)
+        out.append((start, " ".join(part.strip() for part in buf)))
+        buf = []
+    if buf:
+        out.append((start, " ".join(part.strip() for part in buf)))
+    return out
+
+
+def _tokens(line: str, where: str) -> list[str]:
+    lex = shlex.shlex(line, posix=True, punctuation_chars="|&;<>")
+    lex.whitespace_split = True
+    lex.commenters = "#"
+    try:
+        return list(lex)
+    except ValueError as e:
+        raise ImportError_(f"{where}: cannot split this line like a shell ({e}); check its quotes") from None
+
+
+def parse_script(text: str, source: str) -> list[Command]:
+    """Every command line of one script, in order (comments and blank lines dropped)."""
+    commands: list[Command] = []
+    exported: dict[str, str] = {}
+    last_comment: str | None = None
+    for lineno, line in _logical_lines(text):
+        stripped = line.strip()
+        m = PROMPT.match(stripped)
+        if m and m.group(1) == "$":
+            stripped = stripped[m.end():]  # "$ python -m ..." copied from a doc
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            last_comment = stripped.lstrip("#").strip() or last_comment
+            continue
+        toks = _tokens(stripped, f"{source}:{lineno}")
+        cut = next((i for i, t in enumerate(toks) if t in OPERATORS or set(t) <= set("|&;<>")), len(toks))
+        toks = toks[:cut]
+        if toks and toks[0] == "export":
+            for tok in toks[1:]:
+                a = ASSIGN.match(tok)
+                if a:
+                    exported[a.group(1)] = a.group(2)
+            continue
+        env: dict[str, str] = {}
+        while toks and (ASSIGN.match(toks[0]) or toks[0] in WRAPPERS):
+            a = ASSIGN.match(toks.pop(0))
+            if a:
+                env[a.group(1)] = a.group(2)
+        if toks:
+            commands.append(Command(source, lineno, env, toks, last_comment, dict(exported)))
+        elif env:
+            exported.update(env)  # NAME=value on its own line sets a shell variable for later lines
+        last_comment = None
+    return commands
+
+
+def read_scripts(paths: list[str]) -> list[Command]:
+    """Commands of every file, in the order given."""
+    out: list[Command] = []
+    for p in paths:
+        path = Path(p)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ImportError_(f"no such file: {p}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ImportError_(f"cannot read {p} ({e}); pass shell scripts as UTF-8 text") from None
+        out.extend(parse_script(text, path.name))
+    return out
