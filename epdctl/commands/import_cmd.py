@@ -27,7 +27,7 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
             force: bool) -> None:
     """Turn existing launch scripts (python -m sglang.launch_server ..., routers) into a topology."""
     from epdctl.importer import import_scripts
-    from epdctl.importer.roundtrip import compare, summary
+    from epdctl.importer.roundtrip import compare, load, summary
 
     values: dict[str, str] = {}
     for v in variables:
@@ -51,6 +51,7 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
             raise click.ClickException(f"cannot write {output} ({e.strerror})") from None
         click.echo(f"wrote {output}", err=True)
     try:
+        _, problems = load(text)
         matched, total, wiring = summary(compare(draft, text))
     except TopologyError as e:
         click.secho(f"the imported topology does not validate yet ({len(e.problems)} problem(s)); run "
@@ -64,3 +65,9 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
     pct = 100.0 * matched / total if total else 100.0
     click.echo(f"round trip: render reproduces {matched}/{total} input server flags ({pct:.1f}%), "
                f"multi-node wiring {'identical' if wiring else 'DIFFERENT'}", err=True)
+    if problems:
+        click.secho(f"the imported topology renders but does not validate ({len(problems)} problem(s)); complete "
+                    f"it, then `epdctl validate`:", fg="yellow", err=True)
+        for p in problems:
+            click.echo(f"  {p}", err=True)
+        sys.exit(1)

@@ -33,6 +33,9 @@ class Assembler:
         self.roles_on: dict[str, set[str]] = {}
         self.origin: dict[str, Launch] = {}
 
+    def note(self, path: str, text: str) -> None:
+        self.c[path] = f"{self.c[path]}; {text}" if path in self.c else text
+
     # -- nodes ------------------------------------------------------------------------------------
     def node_for(self, host: str, suggested: str, comment: str | None) -> str:
         if host in self.node_of_host:
@@ -114,7 +117,7 @@ class Assembler:
         if port is not None and port.isdigit():
             out["port"] = int(port)
         elif port is not None:
-            self.c[f"{path}"] = f"--port {port} is a placeholder; epdctl picks a port (set port: N to pin it)"
+            self.note(path, f"--port {port} is a placeholder; epdctl picks a port (set port: N to pin it)")
         for flag, key in (("--disaggregation-bootstrap-port", "bootstrap_port"),
                           ("--encoder-bootstrap-port", "encoder_bootstrap_port"), ("--base-gpu-id", "base_gpu_id")):
             v = s.get(flag)
@@ -134,8 +137,7 @@ class Assembler:
             if flag in INT_KEYS and len(vals) == 1 and vals[0].isdigit():
                 out[INT_KEYS[flag]] = int(vals[0])
             elif flag in INT_KEYS and INT_KEYS[flag] in ("tp", "pp", "dp", "attention_dp", "ep"):
-                self.c[f"{path}.{INT_KEYS[flag]}"] = (f"{flag} {' '.join(vals)} is a placeholder; set "
-                                                      f"{INT_KEYS[flag]} (epdctl assumed 1)")
+                self.note(path, f"{flag} {' '.join(vals)} is a placeholder; set {INT_KEYS[flag]} (epdctl assumed 1)")
             elif flag in STR_KEYS and len(vals) == 1 and not is_ref(vals[0]) and not bad:
                 out[STR_KEYS[flag]] = vals[0]
             elif flag == "--mem-fraction-static" and len(vals) == 1 and _float(vals[0]) is not None:
@@ -152,7 +154,7 @@ class Assembler:
                 self.notes.append(f"{s.cmd.where}: dropped {flag} {' '.join(vals)}: SGLang 0.5.23 does not accept "
                                   f"{', '.join(bad)} (choices: {', '.join(opt.choices or ())}); pick one and add it "
                                   f"to {path}.args")
-                self.c[path] = f"dropped {flag} {' '.join(vals)} (not accepted by SGLang 0.5.23; see the notes above)"
+                self.note(path, f"dropped {flag} {' '.join(vals)} (not accepted by SGLang 0.5.23; see the notes above)")
             elif flag not in WIRING_ALL or flag in ("--mem-fraction-static",) + tuple(
                     f for f, k in INT_KEYS.items() if k not in ("tp", "pp", "dp", "attention_dp", "ep")) + tuple(
                     STR_KEYS):

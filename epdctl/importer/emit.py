@@ -41,6 +41,8 @@ def _emit(value: Any, path: str, indent: str, comments: dict[str, str], out: lis
                 sub = f"{child}.{k2}"
                 n2 = f"  # {comments[sub]}" if sub in comments else ""
                 pre = lead if first else indent + "  "
+                if first and child in comments:
+                    n2 = f"  # {comments[child]}" + (f"; {n2[4:]}" if n2 else "")
                 first = False
                 if isinstance(v2, (dict, list)) and v2 and not (k2 == "args"):
                     if isinstance(v2, list) and all(not isinstance(x, (dict, list)) for x in v2):

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from epdctl.importer.build import Draft
 from epdctl.importer.launches import split_flags
+from epdctl.errors import TopologyError
 from epdctl.render import build_plan
-from epdctl.topology import topology_from_text
+from epdctl.topology import Topology, topology_from_text
 from epdctl.topology.engine_flags import flag_table
 
 WIRING = ("--dist-init-addr", "--nnodes", "--node-rank")
@@ -29,6 +30,7 @@ class CommandResult:
     matched: int
     missing: list[str] = field(default_factory=list)
     wiring_ok: bool = True
+    env_missing: list[str] = field(default_factory=list)  # NAME=value of the input the render lacks
 
     @property
     def ratio(self) -> float:
@@ -55,9 +57,19 @@ def _same(flag: str, want: list[str], got: list[str] | None, node_host: str) -> 
     return want == got
 
 
+def load(text: str) -> tuple[Topology, list[str]]:
+    """The imported topology and its cross-role problems (a partial set such as decode commands only
+    still renders, so its flags can be compared)."""
+    try:
+        return topology_from_text(text), []
+    except TopologyError as e:
+        topo = topology_from_text(text, cross_checks=False)  # raises if the schema itself is wrong
+        return topo, [p.format() for p in e.problems]
+
+
 def compare(d: Draft, text: str) -> list[CommandResult]:
     """One result per input server command that has a rendered counterpart."""
-    topo = topology_from_text(text)
+    topo, _ = load(text)
     plan = build_plan(topo)
     specs = {s.name: s for s in plan.workers}
     table = flag_table(topo.engine)
@@ -74,6 +86,9 @@ def compare(d: Draft, text: str) -> list[CommandResult]:
         got: dict[str, list[str]] = {}
         for f, v in split_flags(list(spec.argv[skip:]), table):
             got.setdefault(f, []).extend(v)
+        for k, v in {**launch.cmd.exported, **launch.cmd.env}.items():
+            if spec.env.get(k) != v and not (spec.env.get(k) == "${" + k + "}"):  # secrets become references
+                res.env_missing.append(f"{k}={v}")
         for f, v in want:
             if _same(f, v, got.get(f), topo.node(spec.node).host):
                 res.matched += 1

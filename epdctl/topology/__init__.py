@@ -28,12 +28,13 @@ def load_topology(path: str | Path) -> Topology:
     return _build(load_document(path))
 
 
-def topology_from_text(text: str, source: str | Path | None = None) -> Topology:
-    """Same as load_topology for text already in memory (``source`` anchors relative paths)."""
-    return _build(parse_yaml(text, Path(source) if source else None))
+def topology_from_text(text: str, source: str | Path | None = None, *, cross_checks: bool = True) -> Topology:
+    """Same as load_topology for text already in memory (``source`` anchors relative paths).
+    ``cross_checks=False`` skips the cross-role checks (a partial set, e.g. decode commands only)."""
+    return _build(parse_yaml(text, Path(source) if source else None), cross_checks)
 
 
-def _build(doc: Document) -> Topology:
+def _build(doc: Document, cross_checks: bool = True) -> Topology:
     r = Reader(doc)
     top = top_level(r, doc)
     if top is None:
@@ -65,6 +66,10 @@ def _build(doc: Document) -> Topology:
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
                     lines=doc.lines)
     problems = list(r.problems)
+    if not cross_checks:
+        if problems:
+            raise TopologyError(_sorted(problems))
+        return topo
     try:  # all problems in one run: the cross-role checks also run on what did read
         problems += [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
     except Exception:  # noqa: BLE001 - a partial topology may trip a check; its reader problems stand
