@@ -208,6 +208,8 @@ def read_transfer(r: Reader, top: dict[str, Any]) -> Transfer:
     m = r.mapping(top["transfer"], "transfer", TRANSFER_KEYS, "transfer")
     if m is None:
         return Transfer()
+    if m.get("rdma") is False:  # YAML 1.1 reads a bare `off` as false
+        m = {**m, "rdma": "off"}
     return Transfer(backend=r.get(m, "transfer", "backend", "str", default="zmq", choices=TRANSFER_BACKENDS),
                     embeddings=r.get(m, "transfer", "embeddings", "str", choices=("zmq", "mooncake")),
                     rdma=r.get(m, "transfer", "rdma", "str", default="nics", choices=TRANSFER_RDMA),
