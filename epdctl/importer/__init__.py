@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from epdctl.importer.assemble import draft
+from epdctl.importer.compose import draft
 from epdctl.importer.build import Draft
 from epdctl.importer.emit import to_yaml
 from epdctl.importer.launches import Launch, classify
-from epdctl.importer.shell import ImportError_, read_scripts
+from epdctl.importer.shell import ScriptError, read_scripts
 
-__all__ = ["import_scripts", "Draft", "ImportError_"]
+__all__ = ["import_scripts", "Draft", "ScriptError"]
 REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 

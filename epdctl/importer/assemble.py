@@ -1,13 +1,12 @@
-"""Assemble the topology data of an import: nodes, workers, transfer, router, env layers."""
+"""One imported worker at a time: its nodes (addresses, GPUs, NICs) and its keys and args."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from epdctl.importer.build import (ANY, EMBEDDINGS, INT_KEYS, LOOPBACK, STR_KEYS, WIRING, Draft, Worker,
-                                   check_single, group_workers, is_ref, secret_env, split_addr)
+from epdctl.importer.build import ANY, EMBEDDINGS, INT_KEYS, LOOPBACK, STR_KEYS, WIRING, Worker, is_ref, split_addr
 from epdctl.importer.launches import Launch
-from epdctl.importer.shell import ImportError_
+from epdctl.importer.shell import ScriptError
 from epdctl.topology.engine_flags import flag_table
 from epdctl.topology.schema import DTYPES
 
@@ -19,11 +18,11 @@ class Assembler:
         self.servers = [x for x in launches if x.kind in ("sglang", "vllm")]
         self.routers = [x for x in launches if x.kind == "router"]
         if not self.servers:
-            raise ImportError_("no engine server command found (python -m sglang.launch_server, dynamo.sglang, "
+            raise ScriptError("no engine server command found (python -m sglang.launch_server, dynamo.sglang, "
                                "vllm serve ...); nothing to import")
         self.engine = self.servers[0].kind
         if any(s.kind != self.engine for s in self.servers):
-            raise ImportError_("the commands mix SGLang and vLLM servers; import each engine's set separately")
+            raise ScriptError("the commands mix SGLang and vLLM servers; import each engine's set separately")
         self.name = name
         self.c: dict[str, str] = {}
         self.notes: list[str] = []
@@ -197,136 +196,3 @@ def _float(v: str) -> float | None:
 def _gpus(w: dict[str, Any]) -> int:
     per = w.get("tp", 1) * w.get("pp", 1) * w.get("dp", 1)
     return per // max(1, len(w.get("nodes", [1])))
-
-
-def draft(launches: list[Launch], name: str) -> Draft:
-    a = Assembler(launches, name)
-    workers = group_workers(a.servers, a.notes)
-    model_path = check_single(a.servers, "--model-path" if a.engine == "sglang" else "--model", "model paths")
-    if model_path is None:
-        raise ImportError_("the server commands give no --model-path")
-    served = check_single(a.servers, "--served-model-name", "served model names")
-    model: dict[str, Any] = {"path": model_path}
-    if served:
-        model["served_name"] = served
-    if any(s.has("--trust-remote-code") for s in a.servers):
-        model["trust_remote_code"] = True
-    dtype = check_single(a.servers, "--dtype", "dtypes")
-    if dtype in DTYPES:
-        model["dtype"] = dtype
-    roles: dict[str, Any] = {}
-    for w in workers:
-        items = roles.setdefault(w.role, {"workers": []})["workers"]
-        items.append(a.worker(w, f"roles.{w.role}.workers[{len(items)}]"))
-    data: dict[str, Any] = {"name": name, "engine": a.engine}
-    hosts = [n["host"] for n in a.nodes.values()]
-    data["launcher"] = "local" if all(h in LOOPBACK for h in hosts) else "ssh"
-    if data["launcher"] == "ssh":
-        a.c["launcher"] = "guess: the commands run on several machines; or slurm (add a slurm: section)"
-    data["model"] = model
-    env_layers(a, workers, roles, data)
-    data["transfer"] = transfer(a, workers)
-    for i, (n, node) in enumerate(a.nodes.items()):
-        node["gpus"] = a.node_gpus.get(n, 0)
-        a.c.setdefault(f"nodes[{i}].gpus", "guess: the GPUs the imported commands use on this node")
-        if len(a.roles_on.get(n, ())) > 1:
-            node["shared"] = True
-        if node.get("nics"):
-            a.c[f"nodes[{i}].nics"] = "from --disaggregation-ib-device; guess: kind ib (say roce for RoCE)"
-    data["nodes"] = list(a.nodes.values())
-    data["roles"] = roles
-    router = router_section(a, workers, roles)
-    if router:
-        data["router"] = router
-    lines: dict[str, list[str]] = {}
-    for s in a.servers:
-        for x in s.applied:
-            lines.setdefault(x.describe(), []).append(s.cmd.where)
-    migrations = [f"{', '.join(where)}: {what}" for what, where in lines.items()]
-    return Draft(data, a.c, a.notes, migrations, a.origin)
-
-
-def env_layers(a: Assembler, workers: list[Worker], roles: dict[str, Any], data: dict[str, Any]) -> None:
-    """Env common to every server -> defaults.env; to one worker's ranks -> the worker; else per node."""
-    envs = [{**s.cmd.exported, **s.cmd.env} for s in a.servers]
-    common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
-    if common:
-        data["defaults"] = {"env": secret_env(common, "defaults.env", a.c)}
-    seen: dict[str, int] = {}
-    for w in workers:
-        i = seen.get(w.role, 0)
-        seen[w.role] = i + 1
-        item = roles[w.role]["workers"][i]
-        path = f"roles.{w.role}.workers[{i}]"
-        rank_envs = [{k: v for k, v in {**s.cmd.exported, **s.cmd.env}.items() if common.get(k) != v}
-                     for s in w.ranks]
-        shared = {k: v for k, v in rank_envs[0].items() if all(e.get(k) == v for e in rank_envs)}
-        if shared:
-            item["env"] = secret_env(shared, f"{path}.env", a.c)
-        nodes = item.get("nodes") or [item["node"]]
-        for rank, e in enumerate(rank_envs):
-            rest = {k: v for k, v in e.items() if k not in shared}
-            if rest:
-                node = a.nodes[nodes[rank]]
-                node.setdefault("env", {}).update(secret_env(rest, f"nodes.{nodes[rank]}.env", a.c))
-
-
-def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
-    pd = [w.lead for w in workers if w.role in ("prefill", "decode")]
-    out: dict[str, Any] = {}
-    if a.engine == "sglang":
-        backends = {s.get("--disaggregation-transfer-backend", "mooncake") for s in pd}
-        backend = sorted(backends)[0] if backends else "zmq"
-        if len(backends) > 1:
-            a.notes.append(f"prefill and decode use different KV transfer backends ({', '.join(sorted(backends))}); "
-                           f"kept {backend}")
-        if backend == "mooncake_tcp":
-            out = {"backend": "mooncake", "rdma": "off"}
-        else:
-            out = {"backend": backend if backend in ("mooncake", "nixl") else "mooncake"}
-        if backend == "mooncake" and pd and not any(s.has("--disaggregation-ib-device") for s in pd):
-            out["rdma"] = "auto"
-            a.c["transfer.rdma"] = "no --disaggregation-ib-device in the input: SGLang finds the RDMA devices"
-        enc = {s.get("--encoder-transfer-backend") for w in workers for s in [w.lead]
-               if w.role in ("encoder", "prefill") and s.get("--encoder-transfer-backend") in EMBEDDINGS}
-        if enc:
-            out["embeddings"] = EMBEDDINGS[sorted(enc)[0]]
-    else:
-        kv = " ".join(s.get("--kv-transfer-config") or "" for s in pd)
-        out = {"backend": "mooncake" if "Mooncake" in kv else "nixl"} if pd else {}
-    return out
-
-
-def router_section(a: Assembler, workers: list[Worker], roles: dict[str, Any]) -> dict[str, Any] | None:
-    if not a.routers:
-        if any(w.role == "prefill" for w in workers):
-            a.notes.append("no router command in the input: add a router: section to front prefill and decode")
-        return None
-    r = a.routers[0]
-    first = roles.get("prefill", roles.get("colocated", {"workers": [{}]}))["workers"][0]
-    node = (first.get("nodes") or [first.get("node")])[0] or next(iter(a.nodes))
-    out: dict[str, Any] = {"node": node, "implementation": r.router_impl}
-    a.c["router.node"] = "guess: the input does not say where the router runs"
-    if r.router_impl == "mini_lb":
-        a.c["router.implementation"] = ("SGLang's sglang.srt.disaggregation.mini_lb moved into sglang-router: "
-                                        "rendered as python -m sglang_router.launch_router --mini-lb")
-    host, port, policy = r.get("--host"), r.get("--port"), r.get("--policy")
-    if host:
-        out["host"] = host
-    if port and port.isdigit():
-        out["port"] = int(port)
-    if policy in ("random", "round_robin", "cache_aware", "power_of_two"):
-        out["policy"] = policy
-    for vals in r.repeats("--prefill"):  # URL [BOOTSTRAP_PORT]: the prefill's bootstrap port
-        if len(vals) >= 2 and vals[1].isdigit():
-            for item in roles.get("prefill", {"workers": []})["workers"]:
-                if item.get("port") and vals[0].rstrip("/").endswith(f":{item['port']}"):
-                    item.setdefault("bootstrap_port", int(vals[1]))
-    managed = {"--host", "--port", "--policy", "--prefill", "--decode", "--pd-disaggregation", "--worker-urls",
-               "--prometheus-host", "--prometheus-port", "--mini-lb"}
-    extra = [t for f, vals in r.flags if f not in managed for t in [f] + vals]
-    if extra:
-        out["args"] = extra
-    if len(a.routers) > 1:
-        a.notes.append(f"{len(a.routers)} router commands; imported the first ({r.cmd.where})")
-    return out

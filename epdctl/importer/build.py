@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epdctl.importer.launches import Launch
-from epdctl.importer.shell import ImportError_
+from epdctl.importer.shell import ScriptError
 from epdctl.topology.secrets import looks_secret
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -134,6 +134,6 @@ def secret_env(env: dict[str, str], path: str, comments: dict[str, str]) -> dict
 def check_single(servers: list[Launch], flag: str, what: str) -> str | None:
     vals = {s.get(flag) for s in servers if s.get(flag) is not None}
     if len(vals) > 1:
-        raise ImportError_(f"the commands use {len(vals)} different {what} ({', '.join(sorted(vals))}); one "
+        raise ScriptError(f"the commands use {len(vals)} different {what} ({', '.join(sorted(vals))}); one "
                            f"topology serves one model: import the sets separately")
     return vals.pop() if vals else None

@@ -20,8 +20,8 @@ OPERATORS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "2>", "2>>", ">&", "2>&1
 WRAPPERS = {"nohup", "env", "exec", "time", "sudo", "stdbuf", "taskset", "numactl", "srun"}
 
 
-class ImportError_(EpdctlError):
-    """A launch script cannot be read (named so as not to shadow the builtin)."""
+class ScriptError(EpdctlError):
+    """A launch script cannot be read or holds nothing epdctl can import."""
 
 
 @dataclass
@@ -67,7 +67,7 @@ def _tokens(line: str, where: str) -> list[str]:
     try:
         return list(lex)
     except ValueError as e:
-        raise ImportError_(f"{where}: cannot split this line like a shell ({e}); check its quotes") from None
+        raise ScriptError(f"{where}: cannot split this line like a shell ({e}); check its quotes") from None
 
 
 def parse_script(text: str, source: str) -> list[Command]:
@@ -115,8 +115,8 @@ def read_scripts(paths: list[str]) -> list[Command]:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ImportError_(f"no such file: {p}") from None
+            raise ScriptError(f"no such file: {p}") from None
         except (OSError, UnicodeDecodeError) as e:
-            raise ImportError_(f"cannot read {p} ({e}); pass shell scripts as UTF-8 text") from None
+            raise ScriptError(f"cannot read {p} ({e}); pass shell scripts as UTF-8 text") from None
         out.extend(parse_script(text, path.name))
     return out

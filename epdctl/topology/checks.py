@@ -83,6 +83,9 @@ def _shared_nodes(topo: Topology) -> Iterator[tuple[str, str]]:
 def _parallelism(topo: Topology) -> Iterator[tuple[str, str]]:
     for w in topo.workers:
         s = w.settings
+        if s.module is not None and topo.engine != "sglang":
+            yield w.path, (f"module ({s.module}) is for SGLang-compatible launchers such as dynamo.sglang; the "
+                           f"{topo.engine} engine has its own command: drop module")
         if topo.engine == "embedded" and (s.tp, s.pp, s.dp, s.attention_dp) != (1, 1, 1, 1):
             yield w.path, "the embedded engine runs one CPU process per worker: tp, pp, dp and attention_dp must be 1"
             continue

@@ -186,8 +186,8 @@ def _resolve_context(out: list[str], applied: list[Applied], table: FlagTable) -
 
 
 def canonical_args(tokens: tuple[str, ...] | list[str], engine: str) -> list[str]:
-    """``tokens`` with every flag the launcher would expand (prefix, alias) written in full."""
-    if engine != "sglang":
+    """``tokens`` with every flag the launcher would expand (a unique prefix) written in full."""
+    if engine not in ("sglang", "vllm"):
         return list(tokens)
     table = flag_table(engine)
     out = []

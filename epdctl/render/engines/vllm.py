@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from epdctl.render.context import WorkerContext
+from epdctl.topology.migrations import canonical_args
 from epdctl.topology.model import Role
 
 A2A = {"deepep": "deepep_low_latency", "deepep_v2": "deepep_v2", "pplx": "pplx", "nixl": "nixl_ep",
@@ -73,5 +74,5 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         argv += ["--gpu-memory-utilization", str(s.mem_fraction_static)]
     if s.max_running_requests is not None:
         argv += ["--max-num-seqs", str(s.max_running_requests)]
-    argv += list(s.args)
+    argv += canonical_args(s.args, "vllm")
     return tuple(argv), env
