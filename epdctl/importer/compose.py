@@ -3,6 +3,7 @@ layers, transfer, router)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from epdctl.importer.assemble import Assembler
@@ -88,8 +89,19 @@ def router_section(a: Assembler, workers: list[Worker], roles: dict[str, Any]) -
             for item in roles.get("prefill", {"workers": []})["workers"]:
                 if item.get("port") and vals[0].rstrip("/").endswith(f":{item['port']}"):
                     item.setdefault("bootstrap_port", int(vals[1]))
+    prom_host, prom_port = r.get("--prometheus-host"), r.get("--prometheus-port")
+    if prom_host:
+        out["prometheus_host"] = prom_host
+    if prom_port and prom_port.isdigit():
+        out["prometheus_port"] = int(prom_port)
+    key = r.get("--api-key")
+    if key is not None:
+        ref = re.fullmatch(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", key)
+        out["api_key_env"] = ref.group(1) if ref else "EPD_ROUTER_API_KEY"
+        if not ref:
+            a.c["router.api_key_env"] = "the script had the router key inline: export EPD_ROUTER_API_KEY instead"
     managed = {"--host", "--port", "--policy", "--prefill", "--decode", "--pd-disaggregation", "--worker-urls",
-               "--prometheus-host", "--prometheus-port", "--mini-lb"}
+               "--prometheus-host", "--prometheus-port", "--mini-lb", "--api-key"}
     extra = [t for f, vals in r.flags if f not in managed for t in [f] + vals]
     if extra:
         out["args"] = extra
