@@ -155,7 +155,7 @@ def test_cli_import_writes_and_reports(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-pp4-ep32", "qwen2vl-epd"])
+@pytest.mark.parametrize("name", ["deepseek-v3-pp4-ep32", "qwen2vl-epd", "vllm-llava-onevision"])
 def test_render_import_render_is_identity(name: str, tmp_path: Path) -> None:
     """epdctl's own renders (PP4 x TP8 prefill over 4 nodes, EPD with 8 encoders) come back whole; the
     PP prefill case here is our own output, not a published set (none was found, see docs)."""
@@ -167,4 +167,5 @@ def test_render_import_render_is_identity(name: str, tmp_path: Path) -> None:
     draft, text, _ = import_scripts([str(script)])
     assert load(text)[1] == []
     matched, total, wiring = summary(compare(draft, text))
-    assert matched == total and wiring
+    results = compare(draft, text)
+    assert matched == total and wiring and all(not r.env_missing for r in results), [r.env_missing for r in results]

@@ -11,6 +11,7 @@ from epdctl.topology.engine_flags import flag_table
 from epdctl.topology.schema import DTYPES
 
 RENDERED = {"--enable-metrics"}  # epdctl renders these itself on non-encoders
+VLLM_RENDERED = {"--headless", "--kv-transfer-config", "--ec-transfer-config"}  # from roles and transfer
 
 
 class Assembler:
@@ -131,7 +132,7 @@ class Assembler:
         enc_backend = s.get("--encoder-transfer-backend")
         table = flag_table(self.engine)
         for flag, vals in s.flags:
-            opt = table.resolve(flag)
+            opt = table.resolve(flag) if self.engine == "sglang" else None  # vLLM flags are renamed above
             bad = [v for v in vals if opt is not None and opt.choices and v not in opt.choices and not is_ref(v)]
             if flag in INT_KEYS and len(vals) == 1 and vals[0].isdigit():
                 out[INT_KEYS[flag]] = int(vals[0])
@@ -145,7 +146,9 @@ class Assembler:
                 continue  # transfer.embeddings
             elif flag == "--mooncake-ib-device" and vals == [s.get("--disaggregation-ib-device")]:
                 continue  # rendered from the NICs
-            elif flag in RENDERED and w.role != "encoder":
+            elif flag in RENDERED and w.role != "encoder" or flag in VLLM_RENDERED and self.engine == "vllm":
+                continue
+            elif flag == "--disable-prefix-caching" and w.role == "encoder" and self.engine == "vllm":
                 continue
             elif flag in ("--dtype",) and vals and vals[0] in DTYPES:
                 continue  # model.dtype

@@ -13,9 +13,39 @@ from epdctl.importer.shell import ScriptError
 from epdctl.topology.schema import DTYPES
 
 
+TRANSLATED = {"CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_NET_DEVICES"}
+
+
+def _env(s: Launch) -> dict[str, str]:
+    """A command's env without what epdctl renders from keys (GPUs, vLLM's NIXL side channel, UCX NICs)."""
+    return {k: v for k, v in {**s.cmd.exported, **s.cmd.env}.items()
+            if k not in TRANSLATED or (k == "UCX_NET_DEVICES" and s.kind != "vllm")}
+
+
+def rendered_env(a: Assembler, w: Worker, item: dict[str, Any], path: str) -> None:
+    """CUDA_VISIBLE_DEVICES -> gpu_ids; vLLM's UCX_NET_DEVICES -> the nodes' NICs."""
+    env = [{**s.cmd.exported, **s.cmd.env} for s in w.ranks]
+    cvd = {e.get("CUDA_VISIBLE_DEVICES") for e in env}
+    per = item.get("tp", 1) * item.get("pp", 1) * item.get("dp", 1) // len(w.ranks)
+    if len(cvd) == 1 and (v := cvd.pop()) and re.fullmatch(r"\d+(,\d+)*", v) and len(v.split(",")) == per:
+        item["gpu_ids"] = [int(x) for x in v.split(",")]
+        item.pop("base_gpu_id", None)
+        a.c[f"{path}.gpu_ids"] = "from CUDA_VISIBLE_DEVICES"
+    elif len(cvd) == 1 and None not in cvd:
+        a.notes.append(f"{path}: CUDA_VISIBLE_DEVICES={next(iter(cvd)) if cvd else ''} does not list the worker's "
+                       f"{per} GPU(s); set gpu_ids")
+    for rank, e in enumerate(env):
+        ucx = e.get("UCX_NET_DEVICES") if w.lead.kind == "vllm" else None
+        if ucx:
+            node = a.nodes[(item.get("nodes") or [item["node"]])[rank]]
+            have = {x["name"] for x in node.setdefault("nics", [])}
+            node["nics"] += [{"name": n.split(":")[0], "kind": "ib"} for n in ucx.split(",")
+                             if n.split(":")[0] not in have]
+
+
 def env_layers(a: Assembler, workers: list[Worker], roles: dict[str, Any], data: dict[str, Any]) -> None:
     """Env common to every server -> defaults.env; to one worker's ranks -> the worker; else per node."""
-    envs = [{**s.cmd.exported, **s.cmd.env} for s in a.servers]
+    envs = [_env(s) for s in a.servers]
     common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs)}
     if common:
         data["defaults"] = {"env": secret_env(common, "defaults.env", a.c)}
@@ -25,8 +55,8 @@ def env_layers(a: Assembler, workers: list[Worker], roles: dict[str, Any], data:
         seen[w.role] = i + 1
         item = roles[w.role]["workers"][i]
         path = f"roles.{w.role}.workers[{i}]"
-        rank_envs = [{k: v for k, v in {**s.cmd.exported, **s.cmd.env}.items() if common.get(k) != v}
-                     for s in w.ranks]
+        rendered_env(a, w, item, path)
+        rank_envs = [{k: v for k, v in _env(s).items() if common.get(k) != v} for s in w.ranks]
         shared = {k: v for k, v in rank_envs[0].items() if all(e.get(k) == v for e in rank_envs)}
         if shared:
             item["env"] = secret_env(shared, f"{path}.env", a.c)
@@ -61,6 +91,11 @@ def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
     else:
         kv = " ".join(s.get("--kv-transfer-config") or "" for s in pd)
         out = {"backend": "mooncake" if "Mooncake" in kv else "nixl"} if pd else {}
+        for w in workers:
+            m = re.search(r'"shared_storage_path"\s*:\s*"([^"]+)"', w.lead.get("--ec-transfer-config") or "")
+            if m:
+                out["ec_storage_path"] = m.group(1)
+                break
     return out
 
 
@@ -113,7 +148,7 @@ def router_section(a: Assembler, workers: list[Worker], roles: dict[str, Any]) -
 def draft(launches: list[Launch], name: str) -> Draft:
     a = Assembler(launches, name)
     workers = group_workers(a.servers, a.notes)
-    model_path = check_single(a.servers, "--model-path" if a.engine == "sglang" else "--model", "model paths")
+    model_path = check_single(a.servers, "--model-path", "model paths")
     if model_path is None:
         raise ScriptError("the server commands give no --model-path")
     served = check_single(a.servers, "--served-model-name", "served model names")

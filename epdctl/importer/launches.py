@@ -9,6 +9,12 @@ from epdctl.importer.shell import Command
 from epdctl.topology.engine_flags import FlagTable, flag_table
 from epdctl.topology.migrations import Applied, migrate_args
 
+# vLLM spellings -> the names the assembler reads (SGLang's); everything else keeps vLLM's spelling.
+VLLM_COMMON = {"--model": "--model-path", "--tensor-parallel-size": "--tp-size", "-tp": "--tp-size",
+               "--pipeline-parallel-size": "--pp-size", "-pp": "--pp-size", "--data-parallel-size": "--dp-size",
+               "-dp": "--dp-size", "--max-num-batched-tokens": "--chunked-prefill-size", "--block-size": "--page-size",
+               "--max-num-seqs": "--max-running-requests", "--gpu-memory-utilization": "--mem-fraction-static",
+               "--mm-encoder-only": "--encoder-only"}
 ROUTER_MODULES = {"sglang_router.launch_router": "sglang-router", "smg.launch_router": "smg",
                   "sglang.srt.disaggregation.mini_lb": "mini_lb"}
 
@@ -95,5 +101,15 @@ def classify(cmd: Command) -> Launch | None:
     if module in ("vllm serve", "vllm.entrypoints.openai.api_server"):
         if module == "vllm serve" and rest and not rest[0].startswith("-"):
             rest = ["--model", rest[0]] + rest[1:]
-        return Launch(cmd, "vllm", module, split_flags(rest, flag_table("vllm")))
+        return Launch(cmd, "vllm", module, vllm_common(split_flags(rest, flag_table("vllm"))))
     return None
+
+
+def vllm_common(flags: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """vLLM flags under the names the assembler reads; --master-addr/--master-port -> --dist-init-addr."""
+    out = [(VLLM_COMMON.get(f, f), v) for f, v in flags if f not in ("--master-addr", "--master-port")]
+    addr = next((v[0] for f, v in flags if f == "--master-addr" and v), None)
+    port = next((v[0] for f, v in flags if f == "--master-port" and v), None)
+    if addr is not None:
+        out.append(("--dist-init-addr", [f"{addr}:{port}" if port else addr]))
+    return out

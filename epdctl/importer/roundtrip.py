@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from epdctl.importer.build import Draft
-from epdctl.importer.launches import split_flags
+from epdctl.importer.launches import split_flags, vllm_common
 from epdctl.errors import TopologyError
 from epdctl.render import build_plan
 from epdctl.topology import Topology, topology_from_text
@@ -84,7 +84,10 @@ def compare(d: Draft, text: str) -> list[CommandResult]:
             continue
         skip = 3 if topo.engine == "sglang" else 2
         got: dict[str, list[str]] = {}
-        for f, v in split_flags(list(spec.argv[skip:]), table):
+        rendered = split_flags(list(spec.argv[skip:]), table)
+        if topo.engine == "vllm":
+            rendered = vllm_common([("--model", [spec.argv[2]])] + rendered)
+        for f, v in rendered:
             got.setdefault(f, []).extend(v)
         for k, v in {**launch.cmd.exported, **launch.cmd.env}.items():
             if spec.env.get(k) != v and not (spec.env.get(k) == "${" + k + "}"):  # secrets become references
