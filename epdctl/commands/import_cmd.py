@@ -22,9 +22,11 @@ from epdctl.errors import EpdctlError, TopologyError
 @click.option("--name", "name", default=None, help="Topology name (default: the first file's name).")
 @click.option("--var", "variables", multiple=True, metavar="NAME=VALUE",
               help="Fill a ${NAME} placeholder the scripts leave open (repeatable).")
+@click.option("--no-migrate", "no_migrate", is_flag=True,
+              help="Keep flags older SGLang releases used (validate then names each replacement; --fix applies).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 def import_(files: tuple[str, ...], output: Path | None, name: str | None, variables: tuple[str, ...],
-            force: bool) -> None:
+            no_migrate: bool, force: bool) -> None:
     """Turn existing launch scripts (python -m sglang.launch_server ..., routers) into a topology."""
     from epdctl.importer import import_scripts
     from epdctl.importer.roundtrip import compare, load, summary
@@ -37,7 +39,7 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
         values[key] = val
     if output is not None and output.exists() and not force:
         raise click.ClickException(f"{output} exists; pass --force to overwrite it")
-    draft, text, _ = import_scripts(list(files), name, values)
+    draft, text, _ = import_scripts(list(files), name, values, migrate=not no_migrate)
     for m in draft.migrations:
         click.echo(f"migrated {m}", err=True)
     for n in draft.notes:

@@ -22,10 +22,11 @@ def substitute(cmd_tokens: list[str], variables: dict[str, str]) -> list[str]:
     return [one(t) for t in cmd_tokens]
 
 
-def import_scripts(paths: list[str], name: str | None = None, variables: dict[str, str] | None = None
-                   ) -> tuple[Draft, str, list[str]]:
+def import_scripts(paths: list[str], name: str | None = None, variables: dict[str, str] | None = None,
+                   migrate: bool = True) -> tuple[Draft, str, list[str]]:
     """(the draft, its YAML text, the skipped command lines) for launch scripts ``paths``;
-    ``variables`` fill ``${NAME}`` placeholders the scripts leave open."""
+    ``variables`` fill ``${NAME}`` placeholders the scripts leave open; ``migrate=False`` keeps
+    flags older SGLang releases used (``epdctl validate`` then names each one's replacement)."""
     commands = read_scripts(paths)
     for cmd in commands if variables else ():
         cmd.argv = substitute(cmd.argv, variables or {})
@@ -33,7 +34,7 @@ def import_scripts(paths: list[str], name: str | None = None, variables: dict[st
     launches: list[Launch] = []
     skipped: list[str] = []
     for cmd in commands:
-        launch = classify(cmd)
+        launch = classify(cmd, migrate)
         if launch is None:
             skipped.append(f"{cmd.where}: {' '.join(cmd.argv[:3])} (not an engine server or router command)")
         else:

@@ -197,5 +197,6 @@ def _float(v: str) -> float | None:
 
 
 def _gpus(w: dict[str, Any]) -> int:
-    per = w.get("tp", 1) * w.get("pp", 1) * w.get("dp", 1)
+    dp = 1 if "--enable-dp-attention" in w.get("args", ()) else w.get("dp", 1)  # the old DP-attention idiom
+    per = w.get("tp", 1) * w.get("pp", 1) * dp
     return per // max(1, len(w.get("nodes", [1])))

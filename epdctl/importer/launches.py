@@ -86,7 +86,7 @@ def _module(argv: list[str]) -> tuple[str | None, int]:
     return None, 0
 
 
-def classify(cmd: Command) -> Launch | None:
+def classify(cmd: Command, migrate: bool = True) -> Launch | None:
     """The launch this command line is, or None for anything else (curl, mkdir, a frontend)."""
     module, start = _module(cmd.argv)
     if module is None:
@@ -96,7 +96,7 @@ def classify(cmd: Command) -> Launch | None:
         impl = ROUTER_MODULES.get(module, "smg")
         return Launch(cmd, "router", module, split_flags(rest, None), router_impl=impl)
     if module == "sglang.launch_server" or module.endswith(".sglang") or module == "sglang.srt.server":
-        migrated, applied = migrate_args(rest, "sglang")
+        migrated, applied = migrate_args(rest, "sglang", apply_table=migrate)
         return Launch(cmd, "sglang", module, split_flags(migrated, flag_table("sglang")), applied)
     if module in ("vllm serve", "vllm.entrypoints.openai.api_server"):
         if module == "vllm serve" and rest and not rest[0].startswith("-"):

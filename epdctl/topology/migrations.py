@@ -100,14 +100,15 @@ def _value_end(table: FlagTable, tokens: list[str], i: int) -> int:
     return j
 
 
-def migrate_args(tokens: list[str] | tuple[str, ...], engine: str = "sglang"
+def migrate_args(tokens: list[str] | tuple[str, ...], engine: str = "sglang", *, apply_table: bool = True
                  ) -> tuple[list[str], list[Applied]]:
     """Rewrite ``tokens`` for the installed engine: fix ``---flag`` typos, expand prefixes and
-    aliases to canonical names, apply the migration table. Unknown flags are left alone."""
+    aliases to canonical names, apply the migration table (unless ``apply_table`` is False).
+    Unknown flags are left alone."""
     if engine not in ("sglang",):
         return list(tokens), []
     table = flag_table(engine)
-    moves = migration_table(engine)
+    moves = migration_table(engine) if apply_table else {}
     toks = list(tokens)
     applied: list[Applied] = []
     out: list[str] = []
