@@ -100,6 +100,7 @@ def test_real_sglang_parser_accepts_every_imported_render() -> None:
 def test_shell_reading() -> None:
     script = """#!/bin/bash
 export NCCL_IB_HCA=mlx5_0   # exported for what follows
+source /opt/venv/bin/activate
 # prefill 0
 $ MC_TE_METRIC=true nohup python3 -m sglang.launch_server --model-path "/m x" \\
     --tp 2 \\
@@ -109,8 +110,9 @@ HEAD=10.0.0.1
 python -m sglang_router.launch_router --pd-disaggregation --prefill http://${HEAD}:30000 | tee r.log
 """
     cmds = parse_script(script, "s.sh")
-    assert [c.line for c in cmds] == [4, 7, 9]
+    assert [c.line for c in cmds] == [5, 8, 10]
     srv = cmds[0]
+    assert srv.setup == ["source /opt/venv/bin/activate"]
     assert srv.comment == "prefill 0"
     assert srv.env == {"MC_TE_METRIC": "true"} and srv.exported == {"NCCL_IB_HCA": "mlx5_0"}
     assert srv.argv == ["python3", "-m", "sglang.launch_server", "--model-path", "/m x", "--tp", "2", "--port",

@@ -93,6 +93,9 @@ class Assembler:
             node = self.node_for(host, f"{w.role[0]}{w.index}{suffix}", why)
             names.append(node)
             self.roles_on.setdefault(node, set()).add(w.role)
+            for line in w.ranks[rank].cmd.setup:
+                if line not in self.nodes[node].setdefault("setup", []):
+                    self.nodes[node]["setup"].append(line)
             if rank not in w.synthesized:  # only what the input really says is compared in a round trip
                 self.origin[f"{w.role}-{w.index}" + (f".r{rank}" if rank else "")] = w.ranks[rank]
         if len(names) > 1:

@@ -17,6 +17,7 @@ from epdctl.errors import EpdctlError
 ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 PROMPT = re.compile(r"^\s*(\$|#|>)\s+(?=\S)")
 OPERATORS = {"|", "||", "&", "&&", ";", ">", ">>", "<", "2>", "2>>", ">&", "2>&1", "&>"}
+SETUP = {"source", ".", "cd", "conda", "module", "ulimit"}  # node setup lines, not launches
 WRAPPERS = {"nohup", "env", "exec", "time", "sudo", "stdbuf", "taskset", "numactl", "srun"}
 
 
@@ -34,6 +35,7 @@ class Command:
     argv: list[str]
     comment: str | None = None  # the comment line right above it, e.g. "# prefill 0"
     exported: dict[str, str] = field(default_factory=dict)  # `export`s seen earlier in the file
+    setup: list[str] = field(default_factory=list)  # `source venv/bin/activate`, `cd DIR` seen earlier
 
     @property
     def where(self) -> str:
@@ -74,6 +76,7 @@ def parse_script(text: str, source: str) -> list[Command]:
     """Every command line of one script, in order (comments and blank lines dropped)."""
     commands: list[Command] = []
     exported: dict[str, str] = {}
+    setup: list[str] = []
     last_comment: str | None = None
     for lineno, line in _logical_lines(text):
         stripped = line.strip()
@@ -88,6 +91,9 @@ def parse_script(text: str, source: str) -> list[Command]:
         toks = _tokens(stripped, f"{source}:{lineno}")
         cut = next((i for i, t in enumerate(toks) if t in OPERATORS or set(t) <= set("|&;<>")), len(toks))
         toks = toks[:cut]
+        if toks and toks[0] in SETUP:
+            setup.append(shlex.join(toks))
+            continue
         if toks and toks[0] == "export":
             for tok in toks[1:]:
                 a = ASSIGN.match(tok)
@@ -100,7 +106,7 @@ def parse_script(text: str, source: str) -> list[Command]:
             if a:
                 env[a.group(1)] = a.group(2)
         if toks:
-            commands.append(Command(source, lineno, env, toks, last_comment, dict(exported)))
+            commands.append(Command(source, lineno, env, toks, last_comment, dict(exported), list(setup)))
         elif env:
             exported.update(env)  # NAME=value on its own line sets a shell variable for later lines
         last_comment = None

@@ -8,6 +8,7 @@ from typing import Iterator
 from epdctl.topology.engine_flags import flag_table
 from epdctl.topology.model import Role, Topology, Worker
 from epdctl.topology.ports import plan_ports
+from epdctl.topology.secrets import looks_secret
 
 # hf_config.architectures[0] values SGLang 0.5.23 accepts with --encoder-only / --language-only.
 SGLANG_EPD_ARCHITECTURES = (
@@ -211,6 +212,9 @@ def _args(topo: Topology) -> Iterator[tuple[str, str]]:
                 yield path, msg + " (args are passed to the engine verbatim)"
             for tok in tokens:
                 if not tok.startswith("-"):
+                    if looks_secret(tok):
+                        yield path, ("inline secret: a value in args looks like a key or token and would be written "
+                                     "to plans and logs; pass it as ${NAME} from the launching environment")
                     continue
                 name = tok.split("=")[0]
                 opt = table.resolve(name)

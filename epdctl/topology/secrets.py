@@ -4,7 +4,8 @@ variables are called ..._TOKENS_... or ..._KEY_... and hold numbers; a real key 
 A value is a secret when it carries a known key prefix (OpenAI ``sk-``, Hugging Face ``hf_``,
 GitHub ``ghp_``/``github_pat_``, GitLab ``glpat-``, Slack ``xox?-``, AWS ``AKIA``/``ASIA``, Google
 ``AIza``, a JWT ``eyJ...``) or is a long high-entropy token. Numbers, paths, URLs, host:port,
-booleans and ``${VAR}`` references never are.
+booleans, ``${VAR}`` references and hex digests (a model revision, a checksum: at most 4 bits per
+character, below the threshold) never are.
 """
 
 from __future__ import annotations
@@ -39,8 +40,6 @@ def looks_secret(value: str) -> bool:
         return True
     if len(v) < MIN_LEN or not TOKENISH.match(v) or "://" in v or v.count("/") > 1 or v.count(".") > 2:
         return False
-    if len(v) >= 32 and re.fullmatch(r"[0-9a-fA-F]+", v):
-        return True  # a hex key (hex tops out at 4 bits per character)
     has_digit = any(c.isdigit() for c in v)
     has_alpha = any(c.isalpha() for c in v)
     return has_digit and has_alpha and entropy(v) >= MIN_BITS
