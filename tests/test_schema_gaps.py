@@ -147,3 +147,24 @@ roles:
     with pytest.raises(TopologyError) as e:
         topology_from_text(text)
     assert "transfer.embeddings" in str(e.value) and "one transport" in str(e.value)
+
+
+def test_explicit_gpus_are_claimed_first_and_overlaps_reported() -> None:
+    text = """name: o
+engine: sglang
+model: {path: /m}
+transfer: {backend: mooncake}
+nodes: [{name: a, host: 10.0.0.1, gpus: 4, shared: true}, {name: b, host: 10.0.0.2, gpus: 4}]
+roles:
+  prefill:
+    workers: [{node: a, host: node, tp: 2}, {node: a, host: node, tp: 2, base_gpu_id: 0}]
+  decode:
+    workers: [{node: b, host: node, gpu_ids: [2, 3], tp: 2}]
+"""
+    topo = topology_from_text(text)
+    assert [w.base_gpu_ids for w in topo.workers] == [(2,), (0,), (0,)]
+    bad = text.replace("[{node: a, host: node, tp: 2}, {node: a, host: node, tp: 2, base_gpu_id: 0}]",
+                       "[{node: a, host: node, tp: 2, base_gpu_id: 1}, {node: a, host: node, tp: 2, base_gpu_id: 0}]")
+    with pytest.raises(TopologyError) as e:
+        topology_from_text(bad)
+    assert "GPU 1 on node 'a' is given to both" in str(e.value)

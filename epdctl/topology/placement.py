@@ -200,22 +200,50 @@ def _explicit_gpus(r: Reader, w: dict[str, Any], wpath: str, settings: Settings)
 
 
 def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engine: str | None) -> None:
-    """Give each worker consecutive GPUs on each of its nodes; report nodes whose GPUs run out."""
+    """Give each worker GPUs on each of its nodes: explicit ones (base_gpu_id, gpu_ids) first, then the
+    lowest free consecutive block in start order; report overlaps and nodes whose GPUs run out."""
     used: dict[str, list[tuple[str, int, str]]] = {}
-    for idx, w in enumerate(workers):
+    taken: dict[str, dict[int, str]] = {}  # node -> GPU id -> worker
+    bases: dict[str, list[int]] = {}
+
+    def claim(w: Worker, n: str, ids: range | tuple[int, ...]) -> None:
+        for g in ids:
+            other = taken.setdefault(n, {}).get(g)
+            if other is not None and other != w.name:
+                r.problem(w.path, f"GPU {g} on node {n!r} is given to both {other} and {w.name}; change "
+                                  f"base_gpu_id/gpu_ids")
+                return
+        for g in ids:
+            taken[n][g] = w.name
+
+    explicit = [w for w in workers if w.base_gpu_id is not None or w.gpu_ids]
+    for w in explicit + [w for w in workers if w not in explicit]:
         per = 0 if engine == "embedded" else w.settings.gpus // len(w.nodes)
-        bases = []
+        bases[w.name] = []
         for n in w.nodes:
             slots = used.setdefault(n, [])
-            bases.append(sum(x[1] for x in slots) if w.base_gpu_id is None else w.base_gpu_id)
             if per:
                 slots.append((w.name, per, w.path))
-        if w.gpu_ids:
-            bases = [0] * len(w.nodes)  # CUDA_VISIBLE_DEVICES renumbers the listed GPUs from 0
-        object.__setattr__(w, "base_gpu_ids", tuple(bases))
+            if w.gpu_ids:
+                claim(w, n, w.gpu_ids)
+                bases[w.name].append(0)  # CUDA_VISIBLE_DEVICES renumbers the listed GPUs from 0
+            elif w.base_gpu_id is not None:
+                claim(w, n, range(w.base_gpu_id, w.base_gpu_id + per))
+                bases[w.name].append(w.base_gpu_id)
+            else:
+                free = taken.setdefault(n, {})
+                base = 0
+                while any(g in free for g in range(base, base + per)):
+                    base += 1
+                claim(w, n, range(base, base + per))
+                bases[w.name].append(base)
+    for w in workers:
+        object.__setattr__(w, "base_gpu_ids", tuple(bases[w.name]))
     for name, slots in used.items():
         total = sum(x[1] for x in slots)
-        if total > nodes[name].gpus and slots:
+        top = max(taken.get(name, {}), default=-1) + 1
+        if (total > nodes[name].gpus or top > nodes[name].gpus) and slots:
             who = ", ".join(f"{n} ({g})" for n, g, _ in slots)
-            r.problem(slots[-1][2], f"node {name!r} has {nodes[name].gpus} GPUs but its workers need {total}: {who}; "
+            need = f"need {total}" if total > nodes[name].gpus else f"use GPU ids up to {top - 1}"
+            r.problem(slots[-1][2], f"node {name!r} has {nodes[name].gpus} GPUs but its workers {need}: {who}; "
                                     f"lower count/tp or add nodes")
