@@ -160,6 +160,10 @@ def draft(launches: list[Launch], name: str) -> Draft:
     dtype = check_single(a.servers, "--dtype", "dtypes")
     if dtype in DTYPES:
         model["dtype"] = dtype
+    if any(w.role == "colocated" and w.lead.has("--language-only") for w in workers):
+        a.notes.append("a --language-only server without --disaggregation-mode (encoders + one language server) is "
+                       "imported as colocated; epdctl runs EPD as encoder + prefill + decode: split it into "
+                       "roles.prefill and roles.decode")
     roles: dict[str, Any] = {}
     for w in workers:
         items = roles.setdefault(w.role, {"workers": []})["workers"]
