@@ -51,6 +51,9 @@ def _args_paths(data: Any) -> Iterator[tuple[str, dict[str, Any], str]]:
         return
     if isinstance(data.get("defaults"), dict):
         yield "defaults.args", data["defaults"], "defaults"
+    nd = data.get("node_defaults")
+    if isinstance(nd, dict) and isinstance(nd.get("defaults"), dict):
+        yield "node_defaults.defaults.args", nd["defaults"], "node_defaults.defaults"
     nodes = data.get("nodes")
     for i, node in enumerate(nodes if isinstance(nodes, list) else []):
         if isinstance(node, dict) and isinstance(node.get("defaults"), dict):
