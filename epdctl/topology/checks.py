@@ -245,6 +245,9 @@ def _router(topo: Topology) -> Iterator[tuple[str, str]]:
         return
     if r.node not in {n.name for n in topo.nodes}:
         yield "router.node", f"unknown node {r.node!r}; defined nodes: {', '.join(n.name for n in topo.nodes)}"
+    if r.implementation == "mini_lb" and not topo.role_workers(Role.PREFILL):
+        yield "router.implementation", ("mini_lb only fronts prefill/decode pairs (PD); use smg or sglang-router for "
+                                        "colocated workers")
     if r.implementation == "sglang-router" and not topo.role_workers(Role.PREFILL) and \
             not topo.role_workers(Role.COLOCATED):
         yield "router", "the router needs prefill/decode or colocated workers to route to"

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from epdctl.topology.loader import Document, join
+from epdctl.topology.loader import Document
 from epdctl.topology.migrations import Applied, migrate_args
 from epdctl.topology.reader import Reader
 
@@ -104,4 +104,4 @@ def _dp_holder(data: dict[str, Any], holder: dict[str, Any], holder_path: str) -
     return None
 
 
-__all__ = ["Fix", "find_fixes", "join"]
+__all__ = ["Fix", "find_fixes"]
