@@ -69,6 +69,9 @@ def dump(parser: argparse.ArgumentParser) -> list[dict[str, object]]:
         entry = {"flags": sorted(action.option_strings), "dest": action.dest,
                  "nargs": nargs if nargs is None or isinstance(nargs, (int, str)) else str(nargs),
                  "takes_value": takes_value, "choices": choices}
+        default = action.default
+        if isinstance(default, (str, int, float, bool)) and default is not argparse.SUPPRESS:
+            entry["default"] = default  # what the engine uses when the flag is absent (import round trips)
         note = deprecation(action)
         if note is not None:
             entry["deprecated"] = note

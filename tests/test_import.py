@@ -199,3 +199,15 @@ def test_old_flags_get_their_replacement_and_fix_makes_them_pass(path: Path, tmp
     topo = topology_from_text(out.read_text(), cross_checks=False)
     left = {tok for w in topo.workers for tok in w.settings.args}
     assert not left & {m.flag for m in old}, left & {m.flag for m in old}
+
+
+def test_sglang_serve_cli_and_restated_defaults(tmp_path: Path) -> None:
+    script = tmp_path / "s.sh"
+    script.write_text("sglang serve --model-path /m --disaggregation-mode prefill --host 10.0.0.1 --port 30000 "
+                      "--pp-size 8 --nnodes 1 --node-rank 0\n"
+                      "sglang serve --model-path /m --disaggregation-mode decode --host 10.0.0.2 --port 30001\n")
+    draft, text, _ = import_scripts([str(script)])
+    topo, problems = load(text)
+    assert problems == [] and topo.workers[0].settings.pp == 8
+    matched, total, wiring = summary(compare(draft, text))
+    assert (matched, total, wiring) == (11, 11, True)  # --nnodes 1 / --node-rank 0 are SGLang's defaults

@@ -81,6 +81,8 @@ def _module(argv: list[str]) -> tuple[str | None, int]:
         base = tok.rsplit("/", 1)[-1]
         if base == "vllm" and i + 1 < len(argv) and argv[i + 1] == "serve":
             return "vllm serve", i + 2
+        if base == "sglang" and i + 1 < len(argv) and argv[i + 1] == "serve":
+            return "sglang.launch_server", i + 2  # the `sglang serve` CLI runs the same server
         if base == "smg":
             return "smg", i + 1
     return None, 0

@@ -3,7 +3,8 @@
 For every input server command (after migration to SGLang 0.5.23) and the rendered command of the
 same worker and node rank: the share of the input's (flag, values) that come back identical, and
 whether the multi-node wiring (``--dist-init-addr``, ``--nnodes``, ``--node-rank``) is the same.
-Flags epdctl adds (``--enable-metrics``, ``--base-gpu-id 0``, ...) do not count against it.
+Flags epdctl adds (``--enable-metrics``, ``--base-gpu-id 0``, ...) do not count against it; an input
+flag that only restates the engine's default (``--nnodes 1``) matches when render leaves it out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from epdctl.importer.launches import split_flags, vllm_common
 from epdctl.errors import TopologyError
 from epdctl.render import build_plan
 from epdctl.topology import Topology, topology_from_text
-from epdctl.topology.engine_flags import flag_table
+from epdctl.topology.engine_flags import FlagTable, flag_table
 
 WIRING = ("--dist-init-addr", "--nnodes", "--node-rank")
 REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -41,9 +42,11 @@ def _norm(v: str) -> str:
     return REF.sub(lambda m: "${" + m.group(1) + "}", v)
 
 
-def _same(flag: str, want: list[str], got: list[str] | None, node_host: str) -> bool:
-    if got is None:
-        return False
+def _same(flag: str, want: list[str], got: list[str] | None, node_host: str, table: FlagTable) -> bool:
+    if got is None:  # not rendered: the same only if the input asked for the engine's own default
+        opt = table.resolve(flag)
+        return bool(opt is not None and opt.takes_value and opt.default is not None and len(want) == 1
+                    and str(opt.default) == want[0])
     want, got = [_norm(v) for v in want], [_norm(v) for v in got]
     if flag == "--host" and want and REF.fullmatch(want[0]):
         return got == [node_host]  # ${local_ip}: the node's own address
@@ -93,7 +96,7 @@ def compare(d: Draft, text: str) -> list[CommandResult]:
             if spec.env.get(k) != v and not (spec.env.get(k) == "${" + k + "}"):  # secrets become references
                 res.env_missing.append(f"{k}={v}")
         for f, v in want:
-            if _same(f, v, got.get(f), topo.node(spec.node).host):
+            if _same(f, v, got.get(f), topo.node(spec.node).host, table):
                 res.matched += 1
             else:
                 res.missing.append(f"{f} {' '.join(v)}".strip() + f" (rendered: {' '.join(got.get(f, ['-']))})")

@@ -39,6 +39,7 @@ class Option:
     takes_value: bool
     nargs: object
     choices: tuple[str, ...] | None
+    default: object = None  # the engine's value when the flag is absent (None: unknown or none)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def flag_table(engine: str, role: str | None = None) -> FlagTable:
     options: dict[str, Option] = {}
     for o in doc["options"]:
         opt = Option(tuple(o["flags"]), o["dest"], bool(o["takes_value"]), o["nargs"],
-                     tuple(o["choices"]) if o["choices"] is not None else None)
+                     tuple(o["choices"]) if o["choices"] is not None else None, o.get("default"))
         for flag in opt.flags:
             options[flag] = opt
     return FlagTable(engine, doc["version"], options)
