@@ -94,7 +94,8 @@ def _resolve_model(model: Model, source: Path | None) -> Model:
                 arch = archs[0]
         except (OSError, ValueError):
             arch = None  # not a local checkout (e.g. a hub id): the engine will read it at start
-    return dataclasses.replace(model, path=path, architecture=arch)
+    served = path if model.served_name == model.path else model.served_name  # default: the path SGLang gets
+    return dataclasses.replace(model, path=path, architecture=arch, served_name=served)
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:
