@@ -168,7 +168,11 @@ class Assembler:
             out["module"] = s.module
             self.c[f"{path}.module"] = f"the input runs python -m {s.module}"
         ib = s.get("--disaggregation-ib-device")
-        if ib and not ib.lstrip().startswith("{") and not ib.endswith(".json"):
+        if ib and (ib.lstrip().startswith("{") or ib.endswith(".json")):
+            self.notes.append(f"{s.cmd.where}: --disaggregation-ib-device {ib} maps devices per GPU; epdctl gives a "
+                              f"worker one NIC list: set nics on the worker (or transfer.rdma: auto)")
+            self.note(path, "per-GPU --disaggregation-ib-device map not imported (see the notes above)")
+        elif ib:
             nics = [n for n in ib.split(",") if n]
             for n in names:
                 node = self.nodes[n]
