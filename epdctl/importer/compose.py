@@ -81,7 +81,9 @@ def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
             out = {"backend": "mooncake", "rdma": "off"}
         else:
             out = {"backend": backend if backend in ("mooncake", "nixl") else "mooncake"}
-        if backend == "mooncake" and pd and not any(s.has("--disaggregation-ib-device") for s in pd):
+        listed = [s.get("--disaggregation-ib-device") or "" for s in pd]
+        if backend == "mooncake" and pd and not any(x and not x.lstrip().startswith("{") and not x.endswith(".json")
+                                                    for x in listed):
             out["rdma"] = "auto"
             a.c["transfer.rdma"] = "no --disaggregation-ib-device in the input: SGLang finds the RDMA devices"
         enc = {s.get("--encoder-transfer-backend") for w in workers for s in [w.lead]
