@@ -85,7 +85,7 @@ def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
         if backend == "mooncake" and pd and not any(x and not x.lstrip().startswith("{") and not x.endswith(".json")
                                                     for x in listed):
             out["rdma"] = "auto"
-            a.c["transfer.rdma"] = "no --disaggregation-ib-device in the input: SGLang finds the RDMA devices"
+            a.c["transfer.rdma"] = "no NIC list in --disaggregation-ib-device: RDMA, SGLang finds the devices"
         enc = {s.get("--encoder-transfer-backend") for w in workers for s in [w.lead]
                if w.role in ("encoder", "prefill") and s.get("--encoder-transfer-backend") in EMBEDDINGS}
         if enc:
