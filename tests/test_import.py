@@ -21,7 +21,17 @@ from epdctl.importer.shell import parse_script
 from epdctl.render import build_plan
 from epdctl.topology.migrations import migration_table
 
-SETS = sorted((Path(__file__).parent / "fixtures" / "launch_sets").glob("*.sh"))
+ROOT_SETS = Path(__file__).parent / "fixtures" / "launch_sets"
+# one published set: a script, or a directory of scripts (one per node, plus the router's)
+SETS = sorted([*ROOT_SETS.glob("*.sh"), *(d for d in ROOT_SETS.iterdir() if d.is_dir())])
+
+
+def files(path: Path) -> list[str]:
+    return [str(p) for p in sorted(path.glob("*.sh"))] if path.is_dir() else [str(path)]
+
+
+def text_of(path: Path) -> str:
+    return "\n".join(Path(f).read_text(encoding="utf-8") for f in files(path))
 # Template, not a launch set: placeholders for tp and both ports, and --encoder-urls lists an encoder
 # (30003) the same block never starts; see test_template_set_misses_only_its_placeholders.
 TEMPLATES = {"mooncake-docs-sglang-epd.sh"}
@@ -33,13 +43,14 @@ def test_at_least_six_real_sets_with_their_source() -> None:
     real = [p for p in SETS if p.name not in TEMPLATES]
     assert len(real) >= 6
     for p in SETS:
-        head = p.read_text(encoding="utf-8").splitlines()[0]
-        assert head.startswith("# source: https://"), p.name
+        for f in files(p):
+            head = Path(f).read_text(encoding="utf-8").splitlines()[0]
+            assert head.startswith("# source: https://"), f
 
 
 @pytest.mark.parametrize("path", [p for p in SETS if p.name not in TEMPLATES], ids=lambda p: p.stem)
 def test_launch_set_round_trips(path: Path) -> None:
-    draft, text, _ = import_scripts([str(path)])
+    draft, text, _ = import_scripts(files(path))
     topo, problems = load(text)
     if path.name in PARTIAL:
         assert problems and all(PARTIAL[path.name] in p for p in problems), problems
@@ -55,9 +66,9 @@ def test_launch_set_round_trips(path: Path) -> None:
 
 @pytest.mark.parametrize("path", [p for p in SETS if p.name not in TEMPLATES], ids=lambda p: p.stem)
 def test_every_old_flag_is_migrated_and_listed(path: Path) -> None:
-    text = path.read_text(encoding="utf-8")
+    text = text_of(path)
     old = [f for f in migration_table("sglang") if f"{f} " in text or text.rstrip().endswith(f)]
-    draft, out, _ = import_scripts([str(path)])
+    draft, out, _ = import_scripts(files(path))
     for flag in old:
         assert any(flag in m for m in draft.migrations), (flag, draft.migrations)
         assert f"#   " in out and flag in out  # listed in the topology's header
@@ -88,7 +99,8 @@ def test_real_sglang_parser_accepts_every_imported_render() -> None:
     parser = _sglang_parser()
     seen = 0
     for path in SETS:
-        _, text, _ = import_scripts([str(path)], variables={"MODEL": "m", "TP": "1", "MEM_FRACTION": "0.8", "CHUNK_SIZE": "8192"})
+        _, text, _ = import_scripts(files(path), variables={"MODEL": "m", "TP": "1", "MEM_FRACTION": "0.8",
+                                                             "CHUNK_SIZE": "8192"})
         for spec in build_plan(load(text)[0]).workers:
             ns, extra = parser.parse_known_args(list(spec.argv[3:]))
             assert not extra, (path.name, spec.name, extra)
@@ -117,7 +129,7 @@ python -m sglang_router.launch_router --pd-disaggregation --prefill http://${HEA
     assert srv.env == {"MC_TE_METRIC": "true"} and srv.exported == {"NCCL_IB_HCA": "mlx5_0"}
     assert srv.argv == ["python3", "-m", "sglang.launch_server", "--model-path", "/m x", "--tp", "2", "--port",
                         "30000"]
-    assert cmds[2].argv[-1] == "http://${HEAD}:30000"
+    assert cmds[2].argv[-1] == "http://10.0.0.1:30000"  # the script's own variable, expanded as the shell would
 
 
 def test_several_files_make_one_topology(tmp_path: Path) -> None:
@@ -177,9 +189,9 @@ def test_render_import_render_is_identity(name: str, tmp_path: Path) -> None:
 def test_old_flags_get_their_replacement_and_fix_makes_them_pass(path: Path, tmp_path: Path) -> None:
     """Imported without migration, every removed or deprecated flag of the published set is named
     with its replacement by `validate`; `validate --fix` rewrites them and the topology passes."""
-    text = path.read_text(encoding="utf-8")
+    text = text_of(path)
     old = [m for f, m in migration_table("sglang").items() if f"{f} " in text or text.rstrip().endswith(f)]
-    _, raw, _ = import_scripts([str(path)], migrate=False)
+    _, raw, _ = import_scripts(files(path), migrate=False)
     out = tmp_path / "t.yaml"
     out.write_text(raw, encoding="utf-8")
     res = CliRunner().invoke(cli, ["validate", str(out)])

@@ -12,6 +12,8 @@ from epdctl.importer.launches import Launch, classify
 from epdctl.importer.shell import ScriptError, read_scripts
 
 __all__ = ["import_scripts", "Draft", "ScriptError"]
+QUIET = {"set", "echo", "sleep", "wait", "mkdir", "rm", "trap", "kill", "pkill", "unset", "if", "fi", "then",
+         "else", "done", "for", "while", "do", "exit", "true", "false", "printf", "[", "[[", "}", "{"}
 REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -35,6 +37,8 @@ def import_scripts(paths: list[str], name: str | None = None, variables: dict[st
     skipped: list[str] = []
     for cmd in commands:
         launch = classify(cmd, migrate)
+        if launch is None and cmd.argv[0] in QUIET:
+            continue
         if launch is None:
             skipped.append(f"{cmd.where}: {' '.join(cmd.argv[:3])} (not an engine server or router command)")
         else:

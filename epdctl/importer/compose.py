@@ -111,7 +111,7 @@ def router_section(a: Assembler, workers: list[Worker], roles: dict[str, Any]) -
     node = (first.get("nodes") or [first.get("node")])[0] or next(iter(a.nodes))
     out: dict[str, Any] = {"node": node, "implementation": r.router_impl}
     a.c["router.node"] = "guess: the input does not say where the router runs"
-    if r.router_impl == "mini_lb":
+    if r.router_impl == "mini_lb" and r.module == "sglang.srt.disaggregation.mini_lb":
         a.c["router.implementation"] = ("SGLang's sglang.srt.disaggregation.mini_lb moved into sglang-router: "
                                         "rendered as python -m sglang_router.launch_router --mini-lb")
     host, port, policy = r.get("--host"), r.get("--port"), r.get("--policy")

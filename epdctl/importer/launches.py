@@ -96,6 +96,8 @@ def classify(cmd: Command, migrate: bool = True) -> Launch | None:
     rest = cmd.argv[start:]
     if module in ROUTER_MODULES or module == "smg":
         impl = ROUTER_MODULES.get(module, "smg")
+        if impl == "sglang-router" and "--mini-lb" in rest:
+            impl = "mini_lb"  # sglang-router's Python mini load balancer
         return Launch(cmd, "router", module, split_flags(rest, None), router_impl=impl)
     if module == "sglang.launch_server" or module.endswith(".sglang") or module == "sglang.srt.server":
         migrated, applied = migrate_args(rest, "sglang", apply_table=migrate)

@@ -1,8 +1,9 @@
 """Read launch scripts the way a shell would read their command lines: ``\\`` continuations,
 comments, ``$ `` prompts copied from docs, ``export NAME=value`` (kept for later commands of the
 same file), inline ``NAME=value cmd`` assignments, wrappers (nohup, env, numactl, a custom
-``run.sh``), and trailing redirections, pipes and ``&``. Nothing is expanded: ``${VAR}`` and
-``$VAR`` stay as written, so the topology keeps the placeholders the script had.
+``run.sh``), and trailing redirections, pipes and ``&``. Variables the script sets itself are
+expanded as the shell would; other ``${VAR}`` / ``$VAR`` stay as written, so the topology keeps the
+placeholders the script leaves to whoever runs it.
 """
 
 from __future__ import annotations
@@ -62,8 +63,11 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
+FD_REDIRECT = re.compile(r"(^|\s)\d+(?=>|<)")  # the "2" of "2>&1" / "2> log": not an argument
+
+
 def _tokens(line: str, where: str) -> list[str]:
-    lex = shlex.shlex(line, posix=True, punctuation_chars="|&;<>")
+    lex = shlex.shlex(FD_REDIRECT.sub(r"\1", line), posix=True, punctuation_chars="|&;<>")
     lex.whitespace_split = True
     lex.commenters = "#"
     try:
@@ -72,10 +76,20 @@ def _tokens(line: str, where: str) -> list[str]:
         raise ScriptError(f"{where}: cannot split this line like a shell ({e}); check its quotes") from None
 
 
+REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def expand(tok: str, known: dict[str, str]) -> str:
+    """What the shell would pass for ``tok``: variables the script itself set are expanded, the
+    others (set by whoever runs the script) stay as written."""
+    return REF.sub(lambda m: known.get(m.group(1) or m.group(2), m.group(0)), tok)
+
+
 def parse_script(text: str, source: str) -> list[Command]:
     """Every command line of one script, in order (comments and blank lines dropped)."""
     commands: list[Command] = []
     exported: dict[str, str] = {}
+    shell_vars: dict[str, str] = {}
     setup: list[str] = []
     last_comment: str | None = None
     for lineno, line in _logical_lines(text):
@@ -98,17 +112,20 @@ def parse_script(text: str, source: str) -> list[Command]:
             for tok in toks[1:]:
                 a = ASSIGN.match(tok)
                 if a:
-                    exported[a.group(1)] = a.group(2)
+                    exported[a.group(1)] = expand(a.group(2), {**shell_vars, **exported})
             continue
         env: dict[str, str] = {}
         while toks and (ASSIGN.match(toks[0]) or toks[0] in WRAPPERS):
             a = ASSIGN.match(toks.pop(0))
             if a:
                 env[a.group(1)] = a.group(2)
+        known = {**shell_vars, **exported}
         if toks:
-            commands.append(Command(source, lineno, env, toks, last_comment, dict(exported), list(setup)))
+            commands.append(Command(source, lineno, {k: expand(v, known) for k, v in env.items()},
+                                    [expand(x, known) for x in toks], last_comment, dict(exported), list(setup)))
         elif env:
-            exported.update(env)  # NAME=value on its own line sets a shell variable for later lines
+            shell_vars.update({k: expand(v, known) for k, v in env.items()})  # NAME=value alone: a shell
+            # variable for later lines, not exported to the servers' environment
         last_comment = None
     return commands
 
