@@ -33,6 +33,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "plan"),
     "schema": ("schema", "schema"),
     "init": ("init", "init"),
+    "import": ("import_cmd", "import_"),
 }
 
 

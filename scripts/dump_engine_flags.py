@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import re
 import sys
 
 
@@ -39,6 +40,20 @@ def smg_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def deprecation(action: argparse.Action) -> dict[str, object] | None:
+    """What the engine itself says about a deprecated flag: SGLang's Deprecated* actions carry
+    ``new_flag``; others say "Deprecated. Use X instead" / "(Deprecated: use X)" in their help."""
+    name = type(action).__name__
+    text = action.help or ""
+    if not name.startswith("Deprecated") and "deprecated" not in text.lower()[:40]:
+        return None
+    replacement = getattr(action, "new_flag", None)
+    if replacement is None:
+        m = re.search(r"[Uu]se (--[\w-]+(?:[ =][^ ,)]+)?)", text)
+        replacement = m.group(1) if m else None
+    return {"action": name, "replacement": replacement, "message": " ".join(text.split())}
+
+
 def dump(parser: argparse.ArgumentParser) -> list[dict[str, object]]:
     out = []
     for action in parser._actions:
@@ -49,9 +64,18 @@ def dump(parser: argparse.ArgumentParser) -> list[dict[str, object]]:
                                                              argparse._StoreConstAction, argparse._CountAction,
                                                              argparse.BooleanOptionalAction)))
         choices = [str(c) for c in action.choices] if action.choices is not None else None
-        out.append({"flags": sorted(action.option_strings), "dest": action.dest,
-                    "nargs": nargs if nargs is None or isinstance(nargs, (int, str)) else str(nargs),
-                    "takes_value": takes_value, "choices": choices})
+        if isinstance(action.choices, (set, frozenset)) and choices is not None:
+            choices.sort()  # a set's order changes between runs; keep the dump stable
+        entry = {"flags": sorted(action.option_strings), "dest": action.dest,
+                 "nargs": nargs if nargs is None or isinstance(nargs, (int, str)) else str(nargs),
+                 "takes_value": takes_value, "choices": choices}
+        default = action.default
+        if isinstance(default, (str, int, float, bool)) and default is not argparse.SUPPRESS:
+            entry["default"] = default  # what the engine uses when the flag is absent (import round trips)
+        note = deprecation(action)
+        if note is not None:
+            entry["deprecated"] = note
+        out.append(entry)
     return sorted(out, key=lambda o: o["dest"])
 
 

@@ -63,7 +63,8 @@ def test_checker_rejects_blog_style_flags() -> None:
     assert "--role is not a sglang 0.5.23 flag" in table.check(["--role", "encoder"])[0]
     assert table.check(["--encoder-server-url", "http://e:1"]) != []
     assert table.check(["--disagg-prefill-port", "9000"]) != []
-    assert table.check(["--tp", "8"]) != []  # abbreviations are not accepted
+    assert table.check(["--tp", "8"]) == []  # SGLang's launcher reads --tp as --tp-size (allow_abbrev)
+    assert "ambiguous" in table.check(["--pp", "2"])[0]  # the launcher refuses it too
     assert "not one of" in table.check(["--disaggregation-mode", "encoder"])[0]
     assert flag_table("vllm").check(["--encoder-tensor-parallel-size", "2"]) != []
 

@@ -1,4 +1,8 @@
-"""`epdctl validate TOPOLOGY`: every problem with file, line, YAML path and a fix; exit 0 or 1."""
+"""`epdctl validate TOPOLOGY [--fix]`: every problem with file, line, YAML path and a fix; exit 0 or 1.
+
+Warnings name flags SGLang deprecated or reads as abbreviations, with the exact replacement;
+``--fix`` rewrites the file (comments kept) with every migration, then validates again.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,48 @@ import click
 from epdctl.errors import EpdctlError, TopologyError
 from epdctl.render import build_plan
 from epdctl.topology import load_topology
+from epdctl.topology.fixes import Fix, find_fixes
+from epdctl.topology.loader import load_document
 from epdctl.topology.model import Role
+
+
+def _advice(topology: str) -> list[Fix]:
+    try:
+        return find_fixes(load_document(topology))
+    except EpdctlError:
+        return []  # the unreadable file is reported by the real load below
+
+
+def _engine(topology: str) -> str:
+    data = load_document(topology).data
+    return str(data.get("engine")) if isinstance(data, dict) else "sglang"
 
 
 @click.command("validate")
 @click.argument("topology", type=click.Path(dir_okay=True, path_type=str))
-def validate(topology: str) -> None:
+@click.option("--fix", "fix", is_flag=True,
+              help="Rewrite the file: migrate removed/deprecated/abbreviated engine flags (comments are kept).")
+def validate(topology: str, fix: bool) -> None:
     """Check a topology file (schema, placement, ports, engine flags) without starting anything."""
+    fixes = _advice(topology)
+    if fix and fixes:
+        from epdctl.topology.rewrite import apply_fixes  # ruamel only when rewriting
+
+        try:
+            apply_fixes(topology, fixes, _engine(topology))
+        except EpdctlError as e:
+            click.secho(f"{topology}: {e}", fg="red", err=True)
+            sys.exit(1)
+        for f in fixes:
+            where = f"{topology}:{f.line}" if f.line else topology
+            for msg in f.messages():
+                click.echo(f"  fixed {where}, {f.path}: {msg}", err=True)
+        fixes = _advice(topology)
+    for f in fixes:
+        where = f"{topology}:{f.line}" if f.line else topology
+        for msg in f.messages(warnings_only=True):
+            click.secho(f"  warning: {where}, {f.path}: {msg} (`epdctl validate --fix` rewrites it)", fg="yellow",
+                        err=True)
     try:
         topo = load_topology(topology)
         plan = build_plan(topo)

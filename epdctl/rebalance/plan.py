@@ -126,7 +126,7 @@ def _moved_worker(topo: Topology, src: Worker, role: Role) -> Worker:
     index = max((w.index for w in topo.role_workers(role)), default=-1) + 1
     return Worker(role=role, index=index, nodes=src.nodes, settings=tpl.settings,
                   path=f"roles.{role.value} (rebalanced from {src.name})",
-                  base_gpu_ids=src.base_gpu_ids, port=src.port,
+                  base_gpu_ids=src.base_gpu_ids, gpu_ids=src.gpu_ids, port=src.port,
                   dist_init_port=src.dist_init_port if len(src.nodes) > 1 else None)
 
 

@@ -103,7 +103,9 @@ def build_plan(topo: Topology) -> Plan:
                                 bind=bind_host(topo, w.settings.host, node), encoder_urls=tuple(encoder_urls),
                                 leader_host=topo.node(w.nodes[0]).host)
             argv, env = engine.worker_command(ctx)
-            specs.append(_spec(topo, w, rank, node, ctx, argv, {**topo.node(node).env, **w.settings.env, **env}))
+            # most specific wins: defaults < role < node < the worker's own env < what the engine adds
+            specs.append(_spec(topo, w, rank, node, ctx, argv,
+                               {**w.settings.env, **topo.node(node).env, **w.own_env, **env}))
     router = None
     if topo.router is not None:
         r = topo.router
@@ -129,6 +131,8 @@ def _spec(topo: Topology, w: Worker, rank: int, node: str, ctx: WorkerContext, a
     url_host = advertised(topo, w.settings.host, node)
     per = w.gpus_per_node if topo.engine != "embedded" else 0
     gpus = tuple(range(w.base_gpu_ids[rank], w.base_gpu_ids[rank] + per)) if per else ()
+    if w.gpu_ids:
+        gpus = w.gpu_ids
     return WorkerSpec(name=w.name if rank == 0 else f"{w.name}.r{rank}", role=w.role.value, node=node, host=host,
                       port=p["http"], bootstrap_port=p.get("bootstrap"),
                       encoder_bootstrap_port=p.get("encoder_bootstrap"), node_rank=rank, nnodes=len(w.nodes),

@@ -9,14 +9,15 @@ from typing import Sequence
 
 from epdctl.topology.model import Topology
 
-MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router"}
+MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router",
+           "mini_lb": "sglang_router.launch_router"}  # SGLang's mini_lb moved into sglang-router (--mini-lb)
 
 
 def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, prom_host: str,
                 prom_port: int) -> tuple[str, ...]:
     r = topo.router
     assert r is not None
-    argv = [topo.python, "-m", MODULES[r.implementation]]
+    argv = [topo.python, "-m", MODULES[r.implementation]] + (["--mini-lb"] if r.implementation == "mini_lb" else [])
     leaders = [s for s in specs if getattr(s, "is_leader")]
     prefills = [s for s in leaders if getattr(s, "role") == "prefill"]
     decodes = [s for s in leaders if getattr(s, "role") == "decode"]

@@ -28,12 +28,13 @@ def load_topology(path: str | Path) -> Topology:
     return _build(load_document(path))
 
 
-def topology_from_text(text: str, source: str | Path | None = None) -> Topology:
-    """Same as load_topology for text already in memory (``source`` anchors relative paths)."""
-    return _build(parse_yaml(text, Path(source) if source else None))
+def topology_from_text(text: str, source: str | Path | None = None, *, cross_checks: bool = True) -> Topology:
+    """Same as load_topology for text already in memory (``source`` anchors relative paths).
+    ``cross_checks=False`` skips the cross-role checks (a partial set, e.g. decode commands only)."""
+    return _build(parse_yaml(text, Path(source) if source else None), cross_checks)
 
 
-def _build(doc: Document, reader: Reader | None = None) -> Topology:
+def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = None) -> Topology:
     r = reader or Reader(doc)  # jsonschema_gen passes a tracing reader
     top = top_level(r, doc)
     if top is None:
@@ -58,13 +59,22 @@ def _build(doc: Document, reader: Reader | None = None) -> Topology:
     ports = read_ports(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
-    if r.problems or model is None or name is None or engine is None:
+    if model is None or name is None or engine is None:
         raise TopologyError(_sorted(r.problems))
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
                     lines=doc.lines)
-    problems = [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
+    problems = list(r.problems)
+    if not cross_checks:
+        if problems:
+            raise TopologyError(_sorted(problems))
+        return topo
+    try:  # all problems in one run: the cross-role checks also run on what did read
+        problems += [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
+    except Exception:  # noqa: BLE001 - a partial topology may trip a check; its reader problems stand
+        if not r.problems:
+            raise
     if problems:
         raise TopologyError(_sorted(_dedupe(problems)))
     return topo
@@ -84,7 +94,8 @@ def _resolve_model(model: Model, source: Path | None) -> Model:
                 arch = archs[0]
         except (OSError, ValueError):
             arch = None  # not a local checkout (e.g. a hub id): the engine will read it at start
-    return dataclasses.replace(model, path=path, architecture=arch)
+    served = path if model.served_name == model.path else model.served_name  # default: the path SGLang gets
+    return dataclasses.replace(model, path=path, architecture=arch, served_name=served)
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

@@ -8,6 +8,7 @@ from typing import Iterator
 from epdctl.topology.engine_flags import flag_table
 from epdctl.topology.model import Role, Topology, Worker
 from epdctl.topology.ports import plan_ports
+from epdctl.topology.secrets import looks_secret
 
 # hf_config.architectures[0] values SGLang 0.5.23 accepts with --encoder-only / --language-only.
 SGLANG_EPD_ARCHITECTURES = (
@@ -83,6 +84,9 @@ def _shared_nodes(topo: Topology) -> Iterator[tuple[str, str]]:
 def _parallelism(topo: Topology) -> Iterator[tuple[str, str]]:
     for w in topo.workers:
         s = w.settings
+        if s.module is not None and topo.engine != "sglang":
+            yield w.path, (f"module ({s.module}) is for SGLang-compatible launchers such as dynamo.sglang; the "
+                           f"{topo.engine} engine has its own command: drop module")
         if topo.engine == "embedded" and (s.tp, s.pp, s.dp, s.attention_dp) != (1, 1, 1, 1):
             yield w.path, "the embedded engine runs one CPU process per worker: tp, pp, dp and attention_dp must be 1"
             continue
@@ -134,6 +138,9 @@ def _transfer(topo: Topology) -> Iterator[tuple[str, str]]:
         yield "transfer.backend", "vLLM PD uses NixlConnector or MooncakeConnector: set transfer.backend to nixl or mooncake"
     if topo.engine == "embedded" and b == "nixl":
         yield "transfer.backend", "the embedded engine transfers over zmq or mooncake; nixl is for GPU engines"
+    if topo.engine == "embedded" and topo.transfer.embeddings not in (None, b):
+        yield "transfer.embeddings", (f"the embedded engine moves embeddings and KV over one transport "
+                                      f"(transfer.backend: {b}); drop transfer.embeddings or set it to {b}")
     if topo.engine == "vllm" and topo.has_encoders and topo.transfer.ec_storage_path is None:
         enc = {n for w in topo.role_workers(Role.ENCODER) for n in w.nodes}
         pre = {n for w in topo.role_workers(Role.PREFILL) for n in w.nodes}
@@ -192,23 +199,33 @@ def _reachability(topo: Topology) -> Iterator[tuple[str, str]]:
 
 
 def _args(topo: Topology) -> Iterator[tuple[str, str]]:
+    """Engine args, checked once per place they are written (a role's args at the role's line)."""
     managed = MANAGED.get(topo.engine, ())
-    reported: set[str] = set()
+    reported: set[tuple[str, str]] = set()
     for w in topo.workers:
-        if not w.settings.args or w.path in reported:
-            continue
-        reported.add(w.path)
         table = flag_table(topo.engine, w.role.value if topo.engine == "embedded" else None)
-        for msg in table.check(w.settings.args):
-            yield w.path + ".args", msg + " (args are passed to the engine verbatim)"
-        for tok in w.settings.args:
-            if tok.split("=")[0] in ("--api-key", "--admin-api-key"):
-                yield w.path + ".args", (f"inline secret: {tok.split('=')[0]} in args would be written to plans "
-                                         f"and logs; worker API keys are not supported yet, protect the router "
-                                         f"with router.api_key_env instead")
-            elif tok.split("=")[0] in managed:
-                yield w.path + ".args", (f"{tok.split('=')[0]} is set by epdctl from the topology; use the topology "
-                                         f"key instead of args (see docs/topology.md)")
+        for path, tokens in w.settings.args_src:
+            if (path, table.version) in reported:
+                continue
+            reported.add((path, table.version))
+            for msg in table.check(tokens):
+                yield path, msg + " (args are passed to the engine verbatim)"
+            for tok in tokens:
+                if not tok.startswith("-"):
+                    if looks_secret(tok):
+                        yield path, ("inline secret: a value in args looks like a key or token and would be written "
+                                     "to plans and logs; pass it as ${NAME} from the launching environment")
+                    continue
+                name = tok.split("=")[0]
+                opt = table.resolve(name)
+                spellings = opt.flags if opt is not None else (name,)
+                if any(f in ("--api-key", "--admin-api-key") for f in spellings):
+                    yield path, (f"inline secret: {name} in args would be written to plans and logs; worker API "
+                                 f"keys are not supported yet, protect the router with router.api_key_env instead")
+                elif any(f in managed for f in spellings):
+                    alias = f" (the engine reads it as {max(spellings, key=len)})" if name not in managed else ""
+                    yield path, (f"{name}{alias} is set by epdctl from the topology; use the topology key instead "
+                                 f"of args (see docs/topology.md)")
     if topo.router is not None and topo.router.args:
         if topo.router.implementation == "smg":
             for msg in flag_table("smg").check(topo.router.args):
@@ -228,6 +245,9 @@ def _router(topo: Topology) -> Iterator[tuple[str, str]]:
         return
     if r.node not in {n.name for n in topo.nodes}:
         yield "router.node", f"unknown node {r.node!r}; defined nodes: {', '.join(n.name for n in topo.nodes)}"
+    if r.implementation == "mini_lb" and not topo.role_workers(Role.PREFILL):
+        yield "router.implementation", ("mini_lb only fronts prefill/decode pairs (PD); use smg or sglang-router for "
+                                        "colocated workers")
     if r.implementation == "sglang-router" and not topo.role_workers(Role.PREFILL) and \
             not topo.role_workers(Role.COLOCATED):
         yield "router", "the router needs prefill/decode or colocated workers to route to"

@@ -1,7 +1,8 @@
 """Flag tables of the real engines (dumped from SGLang 0.5.23 / vLLM 0.33.0 parsers) and a checker.
 
-Used for user ``args:`` at validate time and by the tests on every rendered command. Matching is
-exact (``allow_abbrev=False`` semantics): ``--tp 8`` is rejected, ``--tp-size 8`` is not.
+Used for user ``args:`` at validate time and by the tests on every rendered command. Flags are
+read as the engine's own launcher reads them (argparse ``allow_abbrev``): ``--tp 8`` means
+``--tp-size 8``, an ambiguous prefix such as ``--pp`` is refused; epdctl renders canonical names.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Option:
     takes_value: bool
     nargs: object
     choices: tuple[str, ...] | None
+    default: object = None  # the engine's value when the flag is absent (None: unknown or none)
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,12 @@ class FlagTable:
     options: dict[str, Option]  # every spelling -> option
 
     def check(self, tokens: tuple[str, ...] | list[str]) -> list[str]:
-        """Problems with ``tokens`` (unknown flags, bad choices, missing values); empty if fine."""
+        """Problems with ``tokens`` (unknown flags, bad choices, missing values); empty if fine.
+
+        Reads flags as the engine's launcher does: exact names, aliases and unique prefixes are
+        accepted (render writes the canonical name). One problem per cause: the values that follow
+        an unknown flag are not reported again.
+        """
         problems: list[str] = []
         i = 0
         while i < len(tokens):
@@ -57,13 +64,13 @@ class FlagTable:
                 problems.append(f"{tok!r} is not a flag (values must follow their flag)")
                 continue
             name, eq, inline = tok.partition("=")
-            opt = self.options.get(name)
+            opt = self.resolve(name)
             if opt is None and self.engine == "vllm" and "." in name:
                 opt = self.options.get(name.split(".", 1)[0])  # --kv-transfer-config.kv_role X
             if opt is None:
-                near = difflib.get_close_matches(name, list(self.options), n=1, cutoff=0.7)
-                dym = f"; did you mean {near[0]}?" if near else ""
-                problems.append(f"{name} is not a {self.engine} {self.version} flag{dym}")
+                problems.append(self.unknown(name))
+                while i < len(tokens) and not tokens[i].startswith("--"):
+                    i += 1  # its values belong to the same mistake
                 continue
             values: list[str] = [inline] if eq else []
             if opt.takes_value and not eq:
@@ -79,12 +86,36 @@ class FlagTable:
                 problems.append(f"{name} takes no value")
             if opt.choices is not None:
                 for v in values:
-                    if v not in opt.choices:
+                    if v not in opt.choices and not v.startswith("$"):
                         problems.append(f"{name} {v!r} is not one of: {', '.join(opt.choices)}")
         return problems
 
+    def resolve(self, name: str) -> Option | None:
+        """The option ``name`` means to the engine's launcher: exact/alias, or a unique prefix."""
+        opt = self.options.get(name)
+        if opt is not None or self.engine == "embedded" or not name.startswith("--"):
+            return opt
+        hits = [n for n in self.options if n.startswith(name)]
+        return self.options[hits[0]] if len(hits) == 1 else None
+
+    def unknown(self, name: str) -> str:
+        """The message for a flag the engine does not know: its migration if it was removed, the
+        options an ambiguous prefix could mean, or a near spelling (typos only, never another concept)."""
+        from epdctl.topology.migrations import migration_table  # the table module imports this one
+
+        m = migration_table(self.engine).get(name)
+        if m is not None:
+            return (f"{name} was removed: {m.summary()}; `epdctl validate --fix` rewrites it")
+        hits = sorted(n for n in self.options if n.startswith(name)) if name.startswith("--") else []
+        if len(hits) > 1:
+            return (f"{name} is ambiguous for {self.engine} {self.version} (a prefix of {', '.join(hits[:4])}"
+                    f"{', ...' if len(hits) > 4 else ''}); write the full flag")
+        near = difflib.get_close_matches(name, list(self.options), n=1, cutoff=0.85)
+        dym = f"; did you mean {near[0]}?" if near else ""
+        return f"{name} is not a {self.engine} {self.version} flag{dym}"
+
     def dest(self, flag: str) -> str | None:
-        opt = self.options.get(flag)
+        opt = self.resolve(flag)
         return opt.dest if opt else None
 
 
@@ -111,7 +142,7 @@ def flag_table(engine: str, role: str | None = None) -> FlagTable:
     options: dict[str, Option] = {}
     for o in doc["options"]:
         opt = Option(tuple(o["flags"]), o["dest"], bool(o["takes_value"]), o["nargs"],
-                     tuple(o["choices"]) if o["choices"] is not None else None)
+                     tuple(o["choices"]) if o["choices"] is not None else None, o.get("default"))
         for flag in opt.flags:
             options[flag] = opt
     return FlagTable(engine, doc["version"], options)

@@ -138,14 +138,23 @@ class _Walker:
             self.problems.append(Problem(path, node.start_mark.line + 1, f"cannot read this value: {e}"))
             return None
 
+    @staticmethod
+    def _key_text(knode: yaml.Node) -> object:
+        return knode.value if isinstance(knode, yaml.ScalarNode) else id(knode)
+
     def _mapping(self, node: yaml.MappingNode, path: str, depth: int) -> dict[Any, Any]:
+        own = sum(1 for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge")
         try:
             self.loader.flatten_mapping(node)  # resolves `<<: *anchor` merge keys
         except yaml.YAMLError as e:
             self.problems.append(Problem(path, node.start_mark.line + 1, f"bad merge key: {e}"))
             return {}
+        merged = len(node.value) - own  # flatten puts merged pairs first, the mapping's own keys last
+        later = [self._key_text(k) for k, _ in node.value]
         out: dict[Any, Any] = {}
-        for knode, vnode in node.value:
+        for index, (knode, vnode) in enumerate(node.value):
+            if index < merged and later[index] in later[index + 1:]:
+                continue  # YAML merge: the mapping's own key (or a later merge) overrides a merged one
             line = knode.start_mark.line + 1
             if not isinstance(knode, yaml.ScalarNode):
                 self.problems.append(Problem(path, line, "a mapping key must be a plain word, not a list or mapping"))

@@ -56,8 +56,10 @@ class Settings:
     max_running_requests: int | None = None
     host: str = "127.0.0.1"
     nics: tuple[str, ...] | None = None
+    module: str | None = None  # launcher module, e.g. dynamo.sglang (default: the engine's own)
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    args_src: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (YAML path of an args key, its tokens)
 
     @property
     def gpus(self) -> int:
@@ -79,6 +81,9 @@ class Worker:
     bootstrap_port: int | None = None
     encoder_bootstrap_port: int | None = None
     dist_init_port: int | None = None
+    base_gpu_id: int | None = None  # explicit first GPU on every node of the worker
+    gpu_ids: tuple[int, ...] = ()  # explicit GPUs (CUDA_VISIBLE_DEVICES) on every node of the worker
+    own_env: dict[str, str] = field(default_factory=dict)  # the worker's own env: beats node env
 
     @property
     def name(self) -> str:
@@ -122,6 +127,7 @@ class Transfer:
 
     backend: str = "zmq"
     embeddings: str | None = None
+    rdma: str = "nics"  # nics: RDMA over declared ib/roce NICs (TCP if none) | auto: SGLang finds them | off
     nics: tuple[str, ...] | None = None
     ec_storage_path: str | None = None
 

@@ -8,7 +8,10 @@ from typing import Any
 from epdctl.topology.loader import join
 from epdctl.topology.model import ROLE_ORDER, Node, Role, Settings, Worker
 from epdctl.topology.reader import Reader
-from epdctl.topology.schema import MAX_COUNT, ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
+from epdctl.topology.schema import MAX_COUNT, MAX_GPUS_PER_NODE, ROLE_KEYS, SETTING_KEYS, WORKER_KEYS, merge_settings, read_settings
+
+
+MAX_GPU_ID = MAX_GPUS_PER_NODE - 1
 
 
 def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]],
@@ -33,7 +36,8 @@ def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_laye
                                          (counted or {}).get(role.value)))
     rejected = any(isinstance(v, dict) and _is_count(v.get("nodes")) and role not in (counted or {})
                    for role, v in roles.items())  # already reported at roles.<role>.nodes
-    if not workers and not rejected:
+    explained = any(p.path.startswith("roles.") for p in r.problems)  # a role's own problem already says why
+    if not workers and not rejected and not explained:
         r.problem("roles", "no workers: define roles.prefill and roles.decode (plus roles.encoder for images), "
                            "or roles.colocated")
     _assign_gpus(r, workers, nodes, engine)
@@ -154,7 +158,8 @@ def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath
                               read_settings(r, w, wpath, SETTING_KEYS))
     ports = {k: r.get(w, wpath, k, "int", minimum=1, maximum=65535)
              for k in ("port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port")}
-    worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports)
+    worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports,
+                    **_explicit_gpus(r, w, wpath, settings), own_env=r.env(w, wpath) if "env" in w else {})
     g = 0 if engine == "embedded" else settings.gpus
     if len(names) > 1:
         per_node = [nodes[n].gpus for n in names]
@@ -171,21 +176,74 @@ def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath
     return worker
 
 
+def _explicit_gpus(r: Reader, w: dict[str, Any], wpath: str, settings: Settings) -> dict[str, Any]:
+    """``base_gpu_id`` (first GPU, as --base-gpu-id) or ``gpu_ids`` (CUDA_VISIBLE_DEVICES) of one worker."""
+    base = r.get(w, wpath, "base_gpu_id", "int", minimum=0, maximum=MAX_GPU_ID)
+    ids: tuple[int, ...] = ()
+    raw = w.get("gpu_ids")
+    if raw is not None:
+        if not isinstance(raw, list) or not raw or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                           and 0 <= x <= MAX_GPU_ID for x in raw):
+            r.problem(join(wpath, "gpu_ids"), "gpu_ids must be a list of GPU indices, e.g. [4, 5, 6, 7]")
+        elif len(set(raw)) != len(raw):
+            r.problem(join(wpath, "gpu_ids"), "gpu_ids lists a GPU twice")
+        elif len(raw) != settings.gpus // max(1, len(w.get("nodes") or [1])):
+            r.problem(join(wpath, "gpu_ids"), f"gpu_ids lists {len(raw)} GPU(s) but the worker uses "
+                                              f"{settings.gpus // max(1, len(w.get('nodes') or [1]))} per node "
+                                              f"(tp*pp*dp / nodes)")
+        else:
+            ids = tuple(raw)
+    if base is not None and ids:
+        r.problem(wpath, "give base_gpu_id or gpu_ids, not both")
+        return {}
+    return {"base_gpu_id": base, "gpu_ids": ids}
+
+
 def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engine: str | None) -> None:
-    """Give each worker consecutive GPUs on each of its nodes; report nodes whose GPUs run out."""
+    """Give each worker GPUs on each of its nodes: explicit ones (base_gpu_id, gpu_ids) first, then the
+    lowest free consecutive block in start order; report overlaps and nodes whose GPUs run out."""
     used: dict[str, list[tuple[str, int, str]]] = {}
-    for idx, w in enumerate(workers):
+    taken: dict[str, dict[int, str]] = {}  # node -> GPU id -> worker
+    bases: dict[str, list[int]] = {}
+
+    def claim(w: Worker, n: str, ids: range | tuple[int, ...]) -> None:
+        for g in ids:
+            other = taken.setdefault(n, {}).get(g)
+            if other is not None and other != w.name:
+                r.problem(w.path, f"GPU {g} on node {n!r} is given to both {other} and {w.name}; change "
+                                  f"base_gpu_id/gpu_ids")
+                return
+        for g in ids:
+            taken[n][g] = w.name
+
+    explicit = [w for w in workers if w.base_gpu_id is not None or w.gpu_ids]
+    for w in explicit + [w for w in workers if w not in explicit]:
         per = 0 if engine == "embedded" else w.settings.gpus // len(w.nodes)
-        bases = []
+        bases[w.name] = []
         for n in w.nodes:
             slots = used.setdefault(n, [])
-            bases.append(sum(x[1] for x in slots))
             if per:
                 slots.append((w.name, per, w.path))
-        object.__setattr__(w, "base_gpu_ids", tuple(bases))
+            if w.gpu_ids:
+                claim(w, n, w.gpu_ids)
+                bases[w.name].append(0)  # CUDA_VISIBLE_DEVICES renumbers the listed GPUs from 0
+            elif w.base_gpu_id is not None:
+                claim(w, n, range(w.base_gpu_id, w.base_gpu_id + per))
+                bases[w.name].append(w.base_gpu_id)
+            else:
+                free = taken.setdefault(n, {})
+                base = 0
+                while any(g in free for g in range(base, base + per)):
+                    base += 1
+                claim(w, n, range(base, base + per))
+                bases[w.name].append(base)
+    for w in workers:
+        object.__setattr__(w, "base_gpu_ids", tuple(bases[w.name]))
     for name, slots in used.items():
         total = sum(x[1] for x in slots)
-        if total > nodes[name].gpus and slots:
+        top = max(taken.get(name, {}), default=-1) + 1
+        if (total > nodes[name].gpus or top > nodes[name].gpus) and slots:
             who = ", ".join(f"{n} ({g})" for n, g, _ in slots)
-            r.problem(slots[-1][2], f"node {name!r} has {nodes[name].gpus} GPUs but its workers need {total}: {who}; "
+            need = f"need {total}" if total > nodes[name].gpus else f"use GPU ids up to {top - 1}"
+            r.problem(slots[-1][2], f"node {name!r} has {nodes[name].gpus} GPUs but its workers {need}: {who}; "
                                     f"lower count/tp or add nodes")

@@ -65,7 +65,9 @@ def plan_ports(topo: Topology) -> PortPlan:
             key = (w.name, rank)
             plan.workers[key] = {}
             for label, size in _needs(topo, w, rank):
-                fixed = _explicit(w, label) if rank == 0 else None
+                # an explicit HTTP port is every rank's (published multi-node commands give all
+                # ranks the same --port); bootstrap and dist-init ports live on rank 0 only
+                fixed = _explicit(w, label) if rank == 0 or label == "http" else None
                 if fixed is not None:
                     plan.workers[key][label] = fixed
                     claim(node, fixed, size, f"{w.name} {label}", w.path)

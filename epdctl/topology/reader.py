@@ -8,10 +8,10 @@ from typing import Any, Iterable
 
 from epdctl.errors import Problem
 from epdctl.topology.loader import Document, join
+from epdctl.topology.secrets import looks_secret
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.I)
 # Keys that would hold a secret inline; each gets a specific message instead of "unknown key".
 INLINE_SECRET_KEYS = {"api_key", "apikey", "token", "password", "secret", "hf_token", "admin_api_key"}
 _MISSING = object()
@@ -119,9 +119,10 @@ class Reader:
                 self.problem(vpath, f"env value must be a string or number, got {_kind(value)}")
                 continue
             text = str(value).lower() if isinstance(value, bool) else str(value)
-            if SECRET_NAME.search(name) and ENV_REF.sub("", text).strip():
-                self.problem(vpath, f"inline secret in env {name}: the value would be written to plans and logs; "
-                                    f"write `{name}: ${{{name}}}` to pass it from the launching environment")
+            if not isinstance(value, (int, float)) and looks_secret(text):
+                self.problem(vpath, f"inline secret in env {name}: the value looks like a key or token and would "
+                                    f"be written to plans and logs; write `{name}: ${{{name}}}` to pass it from "
+                                    f"the launching environment")
                 continue
             out[name] = text
         return out

@@ -7,6 +7,7 @@ everything else is replaced by the higher layer.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from epdctl.topology.loader import Document, join
@@ -20,19 +21,23 @@ TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes"
 MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code")
 PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
 SETTING_KEYS = PARALLEL_KEYS + ("chunked_prefill_size", "page_size", "kv_cache_dtype", "moe_a2a_backend",
-                                "mem_fraction_static", "max_running_requests", "host", "nics", "args", "env")
+                                "mem_fraction_static", "max_running_requests", "host", "nics", "module", "args",
+                                "env")
 NODE_SETTING_KEYS = tuple(k for k in SETTING_KEYS if k not in PARALLEL_KEYS)
 NODE_KEYS = ("name", "host", "gpus", "ssh", "nics", "env", "setup", "port_base", "shared", "defaults")
 SSH_KEYS = ("user", "port", "key", "jump")
 NIC_KEYS = ("name", "kind", "ip", "speed_gbps")
 NIC_KINDS = ("ib", "roce", "eth")
 ROLE_KEYS = ("nodes", "count", "workers") + SETTING_KEYS
-WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port") + SETTING_KEYS
-TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path")
+WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port", "base_gpu_id",
+               "gpu_ids") + SETTING_KEYS
+TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path", "rdma")
+TRANSFER_RDMA = ("nics", "auto", "off")
+MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl")
 ROUTER_KEYS = ("node", "host", "port", "prometheus_host", "prometheus_port", "api_key_env", "implementation",
                "policy", "args")
-ROUTER_IMPLS = ("smg", "sglang-router")
+ROUTER_IMPLS = ("smg", "sglang-router", "mini_lb")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
 SLURM_KEYS = ("partition", "account", "time", "gpus_per_node", "qos", "constraint", "extra")
 PORTS_KEYS = ("base", "limit")
@@ -70,8 +75,16 @@ def read_settings(r: Reader, m: dict[str, Any], path: str, keys: tuple[str, ...]
         out["host"] = r.get(m, path, "host", "str")
     if m.get("nics") is not None:
         out["nics"] = r.get(m, path, "nics", "strlist")
+    if "module" in keys and m.get("module") is not None:
+        mod = r.get(m, path, "module", "str")
+        if mod is not None and not MODULE.match(mod):
+            r.problem(join(path, "module"), f"module must be a Python module name such as dynamo.sglang (run as "
+                                            f"`python -m MODULE`), got {mod!r}")
+        elif mod is not None:
+            out["module"] = mod
     if "args" in m:
         out["args"] = r.args(m, path)
+        out["args_src"] = ((join(path, "args"), out["args"]),) if out["args"] else ()
     if "env" in m:
         out["env"] = r.env(m, path)
     return {k: v for k, v in out.items() if v is not None}
@@ -82,15 +95,22 @@ def merge_settings(*layers: dict[str, Any]) -> Settings:
     merged: dict[str, Any] = {}
     env: dict[str, str] = {}
     args: list[str] = []
+    src: list[tuple[str, tuple[str, ...]]] = []
     for layer in layers:
         for key, value in layer.items():
             if key == "env":
                 env.update(value)
             elif key == "args":
                 args.extend(value)
+            elif key == "args_src":
+                src.extend(value)
             else:
                 merged[key] = value
-    return Settings(**merged, env=env, args=tuple(args))
+    if "--enable-dp-attention" in args and merged.get("dp", 1) > 1 and merged.get("attention_dp", 1) == 1:
+        # SGLang's deprecated idiom `--dp-size N --enable-dp-attention` is attention_dp N (validate warns)
+        merged["attention_dp"], merged["dp"] = merged["dp"], 1
+        args = [a for a in args if a != "--enable-dp-attention"]
+    return Settings(**merged, env=env, args=tuple(args), args_src=tuple(src))
 
 
 def read_model(r: Reader, top: dict[str, Any]) -> Model | None:
@@ -103,7 +123,8 @@ def read_model(r: Reader, top: dict[str, Any]) -> Model | None:
     served = r.get(m, "model", "served_name", "str")
     if path is None:
         return None
-    return Model(path=path, served_name=served or path.rstrip("/").rsplit("/", 1)[-1],
+    # SGLang and vLLM name the model by the full --model-path when no served name is given
+    return Model(path=path, served_name=served or path,
                  dtype=r.get(m, "model", "dtype", "str", choices=DTYPES),
                  architecture=r.get(m, "model", "architecture", "str"),
                  trust_remote_code=r.get(m, "model", "trust_remote_code", "bool", default=False))
@@ -187,8 +208,11 @@ def read_transfer(r: Reader, top: dict[str, Any]) -> Transfer:
     m = r.mapping(top["transfer"], "transfer", TRANSFER_KEYS, "transfer")
     if m is None:
         return Transfer()
+    if m.get("rdma") is False:  # YAML 1.1 reads a bare `off` as false
+        m = {**m, "rdma": "off"}
     return Transfer(backend=r.get(m, "transfer", "backend", "str", default="zmq", choices=TRANSFER_BACKENDS),
                     embeddings=r.get(m, "transfer", "embeddings", "str", choices=("zmq", "mooncake")),
+                    rdma=r.get(m, "transfer", "rdma", "str", default="nics", choices=TRANSFER_RDMA),
                     nics=r.get(m, "transfer", "nics", "strlist"),
                     ec_storage_path=r.get(m, "transfer", "ec_storage_path", "str"))
 
@@ -261,7 +285,8 @@ def top_level(r: Reader, doc: Document) -> dict[str, Any] | None:
         r.problem("", f"the topology must be a YAML mapping (name: ..., model: ..., nodes: ...), got "
                       f"{type(doc.data).__name__}")
         return None
-    return r.mapping(doc.data, "", TOP_KEYS, "the topology")
+    anchors = tuple(k for k in doc.data if isinstance(k, str) and k.startswith("x-"))  # `x-base: &base` holders
+    return r.mapping(doc.data, "", TOP_KEYS + anchors, "the topology")
 
 
 __all__ = ["ENGINES", "LAUNCHERS", "Role", "read_settings", "merge_settings"]

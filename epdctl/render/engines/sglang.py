@@ -10,15 +10,24 @@ live rebalancing.
 from __future__ import annotations
 
 from epdctl.render.context import WorkerContext
+from epdctl.topology.migrations import canonical_args
 from epdctl.topology.model import Role
 
 HEALTH_PATH = "/health"
+MODULE = "sglang.launch_server"
+
+
+def _rdma_nics(ctx: WorkerContext) -> list[str]:
+    """The worker's RDMA devices; none when transfer.rdma is auto (SGLang discovers them) or off."""
+    if ctx.topo.transfer.rdma != "nics":
+        return []
+    return [n.name for n in ctx.transfer_nics() if n.kind in ("ib", "roce")]
 
 
 def _transfer(ctx: WorkerContext) -> list[str]:
-    backend = ctx.topo.transfer.backend
-    nics = [n.name for n in ctx.transfer_nics() if n.kind in ("ib", "roce")]
-    if backend == "mooncake" and not nics:
+    backend, rdma = ctx.topo.transfer.backend, ctx.topo.transfer.rdma
+    nics = _rdma_nics(ctx)
+    if backend == "mooncake" and (rdma == "off" or (rdma == "nics" and not nics)):
         return ["--disaggregation-transfer-backend", "mooncake_tcp"]  # TCP when the node has no RDMA NIC
     out = ["--disaggregation-transfer-backend", backend]
     if nics:
@@ -27,14 +36,35 @@ def _transfer(ctx: WorkerContext) -> list[str]:
 
 
 def _encoder_backend(ctx: WorkerContext) -> list[str]:
-    kind = ctx.topo.transfer.embeddings or "zmq"
+    """Only when transfer.embeddings says so: SGLang's own default (auto) picks per model and TP."""
+    kind = ctx.topo.transfer.embeddings
+    if kind is None:
+        return []
     return ["--encoder-transfer-backend", "mooncake" if kind == "mooncake" else "zmq_to_scheduler"]
+
+
+def _encoder_ib(ctx: WorkerContext) -> list[str]:
+    """An encoder sending embeddings over Mooncake needs its IB device like a prefill does."""
+    nics = _rdma_nics(ctx)
+    return ["--disaggregation-ib-device", ",".join(nics)] if ctx.topo.transfer.embeddings == "mooncake" and nics \
+        else []
+
+
+def _mooncake_ep(ctx: WorkerContext, args: list[str]) -> list[str]:
+    """--mooncake-ib-device for Mooncake expert parallelism, from the same NICs as the KV transfer."""
+    s = ctx.worker.settings
+    uses = s.moe_a2a_backend == "mooncake" or any(
+        a == "--elastic-ep-backend" and b == "mooncake" for a, b in zip(args, args[1:]))
+    nics = _rdma_nics(ctx)
+    if not uses or not nics or "--mooncake-ib-device" in args:
+        return []
+    return ["--mooncake-ib-device", ",".join(nics)]
 
 
 def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]:
     topo, w, s = ctx.topo, ctx.worker, ctx.worker.settings
     m = topo.model
-    argv = [topo.python, "-m", "sglang.launch_server", "--model-path", m.path, "--served-model-name", m.served_name,
+    argv = [topo.python, "-m", s.module or MODULE, "--model-path", m.path, "--served-model-name", m.served_name,
             "--host", ctx.bind, "--port", str(ctx.ports["http"])]
     if m.dtype:
         argv += ["--dtype", m.dtype]
@@ -56,7 +86,7 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         argv += ["--dist-init-addr", f"{ctx.leader_host}:{ctx.leader_ports['dist_init']}",
                  "--nnodes", str(ctx.nnodes), "--node-rank", str(ctx.rank)]
     if w.role is Role.ENCODER:
-        argv += ["--encoder-only"] + _encoder_backend(ctx)
+        argv += ["--encoder-only"] + _encoder_backend(ctx) + _encoder_ib(ctx)
     elif w.role is Role.PREFILL:
         argv += ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port",
                  str(ctx.leader_ports["bootstrap"])] + _transfer(ctx)
@@ -65,6 +95,8 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
                      str(ctx.leader_ports["encoder_bootstrap"])] + _encoder_backend(ctx)
     elif w.role is Role.DECODE:
         argv += ["--disaggregation-mode", "decode"] + _transfer(ctx)
+        if w.bootstrap_port is not None:  # the prefill side's port, for requests that carry none
+            argv += ["--disaggregation-bootstrap-port", str(w.bootstrap_port)]
     if s.chunked_prefill_size is not None and w.role is not Role.ENCODER:
         argv += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
     if s.page_size is not None and w.role is not Role.ENCODER:
@@ -77,5 +109,7 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         argv += ["--max-running-requests", str(s.max_running_requests)]
     if w.role is not Role.ENCODER:
         argv += ["--enable-metrics"]  # the router polls /metrics; epdctl status reads it
-    argv += list(s.args)
-    return tuple(argv), {}
+    args = canonical_args(s.args, "sglang")
+    argv += _mooncake_ep(ctx, args) + args
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, w.gpu_ids))} if w.gpu_ids else {}
+    return tuple(argv), env

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from epdctl.render.context import WorkerContext
+from epdctl.topology.migrations import canonical_args
 from epdctl.topology.model import Role
 
 A2A = {"deepep": "deepep_low_latency", "deepep_v2": "deepep_v2", "pplx": "pplx", "nixl": "nixl_ep",
@@ -41,7 +42,9 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
             argv += ["--headless"]
     env: dict[str, str] = {}
     gpus = w.gpus_per_node
-    if gpus:
+    if w.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in w.gpu_ids)
+    elif gpus:
         base = w.base_gpu_ids[ctx.rank]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(base, base + gpus))
     ec_path = topo.transfer.ec_storage_path or f"/tmp/epdctl-ec-cache/{topo.name}"
@@ -71,5 +74,5 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         argv += ["--gpu-memory-utilization", str(s.mem_fraction_static)]
     if s.max_running_requests is not None:
         argv += ["--max-num-seqs", str(s.max_running_requests)]
-    argv += list(s.args)
+    argv += canonical_args(s.args, "vllm")
     return tuple(argv), env

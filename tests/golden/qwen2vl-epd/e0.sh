@@ -17,7 +17,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 0 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-1: encoder, GPUs 1, http://10.0.0.10:30001
@@ -31,7 +30,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 1 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-2: encoder, GPUs 2, http://10.0.0.10:30002
@@ -45,7 +43,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 2 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-3: encoder, GPUs 3, http://10.0.0.10:30003
@@ -59,7 +56,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 3 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-4: encoder, GPUs 4, http://10.0.0.10:30004
@@ -73,7 +69,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 4 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-5: encoder, GPUs 5, http://10.0.0.10:30005
@@ -87,7 +82,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 5 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-6: encoder, GPUs 6, http://10.0.0.10:30006
@@ -101,7 +95,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 6 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5
 
 # encoder-7: encoder, GPUs 7, http://10.0.0.10:30007
@@ -115,5 +108,4 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --tp-size 1 \
     --base-gpu-id 7 \
     --encoder-only \
-    --encoder-transfer-backend zmq_to_scheduler \
     --mem-fraction-static 0.5

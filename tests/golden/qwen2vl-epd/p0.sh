@@ -23,7 +23,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --language-only \
     --encoder-urls http://10.0.0.10:30000 http://10.0.0.10:30001 http://10.0.0.10:30002 http://10.0.0.10:30003 http://10.0.0.10:30004 http://10.0.0.10:30005 http://10.0.0.10:30006 http://10.0.0.10:30007 \
     --encoder-bootstrap-port 30002 \
-    --encoder-transfer-backend zmq_to_scheduler \
     --chunked-prefill-size 8192 \
     --page-size 64 \
     --enable-metrics
@@ -45,7 +44,6 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --language-only \
     --encoder-urls http://10.0.0.10:30000 http://10.0.0.10:30001 http://10.0.0.10:30002 http://10.0.0.10:30003 http://10.0.0.10:30004 http://10.0.0.10:30005 http://10.0.0.10:30006 http://10.0.0.10:30007 \
     --encoder-bootstrap-port 30005 \
-    --encoder-transfer-backend zmq_to_scheduler \
     --chunked-prefill-size 8192 \
     --page-size 64 \
     --enable-metrics
