@@ -26,16 +26,6 @@ from epdctl.errors import EpdctlError
 from epdctl.state import resolve_cluster
 
 
-def engine_of(workers: list[Any]) -> str:
-    """Which engine the recorded workers run, from their command lines."""
-    argv = " ".join(" ".join(w.argv) for w in workers)
-    if "epdctl.runtime" in argv:
-        return "embedded"
-    if "sglang" in argv:
-        return "sglang"
-    return "vllm" if "vllm" in argv else "unknown"
-
-
 def check_canary(cluster: str | None, as_json: bool) -> None:
     from epdctl.token_canary import check_pairs
 
@@ -44,8 +34,8 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
     if state is None:
         raise EpdctlError(f"cluster {cdir.name!r} is not running (nothing recorded); start it "
                           "with `epdctl up TOPOLOGY`")
-    workers = [p for p in state.processes if p.role != "router"]
-    engine = engine_of(workers)
+    workers = state.workers
+    engine = state.engine
     if engine not in ("embedded", "sglang"):
         raise EpdctlError(f"cluster {state.name!r} runs {engine}: `check --canary` drives SGLang's "
                           "bootstrap-room contract (SGLang and the embedded engine); vLLM's NIXL "
