@@ -233,13 +233,13 @@ class SlurmLauncher:
         return res
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
-        """``scancel`` every step at once (SIGTERM, SIGKILL after the cluster's KillWait),
-        then wait until ``squeue --steps`` no longer lists them."""
+        """SIGTERM every step at once (``scancel --signal=TERM``), cancel what is left after
+        ``grace``, and confirm ``squeue --steps`` no longer lists them."""
         res: Results[None] = Results()
         ids = {r.name: r.handle.step_id for r in recs if r.handle and r.handle.step_id}
         legacy = {r.handle.job for r in recs if r.handle and r.handle.job and r.handle.step is None}
         try:
-            left = steps.cancel_steps(sorted(set(ids.values())), timeout=grace + 30)
+            left = steps.cancel_steps(sorted(set(ids.values())), grace=grace)
             if legacy:
                 left += jobs.cancel(sorted(legacy), timeout=grace + 60)
         except LaunchError as e:

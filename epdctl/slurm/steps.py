@@ -58,14 +58,27 @@ def list_steps(job: str) -> dict[str, str]:
     return parse_steps(proc.stdout)
 
 
-def cancel_steps(step_ids: Sequence[str], timeout: float = 60.0) -> list[str]:
-    """``scancel J.S ...`` and wait until none is listed; returns those still running."""
+def cancel_steps(step_ids: Sequence[str], grace: float = 10.0) -> list[str]:
+    """SIGTERM the steps (``scancel --signal=TERM J.S ...``: a worker drains and exits), then
+    after ``grace`` seconds cancel what is left (SIGKILL); returns the steps still listed."""
     ids = list(step_ids)
     if not ids:
         return []
-    proc = _run(["scancel", *ids])
+    _scancel(["--signal=TERM", *ids])
+    left = _wait_gone(ids, grace)
+    if left:
+        _scancel(left)
+        left = _wait_gone(left, 30.0)
+    return left
+
+
+def _scancel(args: list[str]) -> None:
+    proc = _run(["scancel", *args])
     if proc.returncode != 0 and "Invalid job id" not in proc.stderr:
-        raise LaunchError(f"scancel {' '.join(ids)} failed: {proc.stderr.strip()}")
+        raise LaunchError(f"scancel {' '.join(args)} failed: {proc.stderr.strip()}")
+
+
+def _wait_gone(ids: list[str], timeout: float) -> list[str]:
     jobs = {sid.split(".", 1)[0] for sid in ids}
     deadline = time.monotonic() + timeout
     while True:
