@@ -215,9 +215,14 @@ class SlurmLauncher:
     def poll(self, recs: Sequence[ProcessRecord]) -> Results[Status]:
         res: Results[Status] = Results()
         by_job: dict[str, set[str]] = {}
+        gone: dict[str, str] = {}   # job -> why it no longer runs
         try:
             for job in {r.handle.job for r in recs if r.handle and r.handle.job}:
                 by_job[job] = set(steps.list_steps(job))
+                if not by_job[job]:
+                    info = jobs.poll([job])[job]
+                    if info.state != "RUNNING":
+                        gone[job] = jobs.ended(info)
         except LaunchError as e:
             return Results(failed={r.name: e for r in recs})
         for r in recs:
@@ -229,7 +234,8 @@ class SlurmLauncher:
             elif h.step_id in by_job[h.job]:
                 res.ok[r.name] = Status(True)
             else:
-                res.ok[r.name] = Status(False, None, tail(Path(r.log), 20))
+                note = f"\n{gone[h.job]}" if h.job in gone else ""
+                res.ok[r.name] = Status(False, None, tail(Path(r.log), 20) + note)
         return res
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
