@@ -56,7 +56,12 @@ class Results(Generic[T]):
         return not self.failed
 
     def raise_if_failed(self, what: str) -> None:
-        """One LaunchError listing every failure as ``[name] reason``."""
+        """One LaunchError listing every failure as ``[name] reason`` (a single failure that
+        already names its ``[node/worker]`` is raised as it is)."""
+        if len(self.failed) == 1:
+            name, err = next(iter(self.failed.items()))
+            if str(err).startswith("["):
+                raise LaunchError(str(err))
         if self.failed:
             lines = "\n".join(f"  [{n}] {e}" for n, e in self.failed.items())
             raise LaunchError(f"{what} failed for {len(self.failed)} worker(s):\n{lines}")

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import epdctl
 from epdctl.errors import LaunchError
-from epdctl.fanout import fanout
+from epdctl.fanout import fanout, raise_if_failed
 from epdctl.launchers.base import Results, Status
 from epdctl.state import Handle, ProcessRecord
 from epdctl.launchers.ssh_nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
@@ -172,20 +172,15 @@ class SSHLauncher:
     def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
         """Start many workers, one SSH command per node, nodes in parallel; per worker.
 
-        Every node of the cluster is prepared (version check) on the first call."""
+        Every node of the cluster is prepared (version check) on the first call; when one
+        cannot be, nothing starts and LaunchError lists every bad node and the fine ones."""
         recs = list(recs)
         res: Results[Handle] = Results()
         if not recs:
             return res
         self._context(Path(recs[0].log))
-        if not self._prepared:
-            prep = self.prepare()
-            if not prep.all_ok:
-                for r in recs:
-                    res.failed[r.name] = prep.failed.get(r.node) or LaunchError(
-                        f"[{r.node}/{r.name}] not started: other nodes failed to prepare "
-                        f"({', '.join(prep.failed)})")
-                return res
+        if not self._prepared:  # every bad node reported before anything starts anywhere
+            raise_if_failed(self.prepare(), "preparing the nodes")
         by_node = self._group(recs)
         per_node = fanout(by_node, self.start_on_node, parallel=self.parallel)
         for node, group in by_node.items():

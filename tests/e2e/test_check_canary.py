@@ -160,7 +160,7 @@ def test_token_canary_names_a_pair_whose_kv_cannot_arrive(live: Live) -> None:
 
 def test_a_dead_encoder_is_named(live: Live) -> None:
     rec = next(p for p in live.state()["processes"] if p["name"] == "encoder-1")
-    os.killpg(rec["pgid"], signal.SIGKILL)  # behind epdctl's back
+    os.killpg(rec["handle"]["pgid"], signal.SIGKILL)  # behind epdctl's back
     proc = live.epdctl("check", "--canary", NAME)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     bad = [ln for ln in proc.stdout.splitlines() if "FAIL" in ln]
