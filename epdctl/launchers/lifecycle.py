@@ -74,6 +74,8 @@ class BringUp:
         self.timeout = timeout
         self.on_event = on_event or (lambda e: None)
         self.started: list[ProcessRecord] = []
+        self.started_at: dict[str, float] = {}   # monotonic time each start returned
+        self.ready_at: dict[str, float] = {}     # ... and each was first seen healthy
 
     # ---- `up` ----------------------------------------------------------------------------
 
@@ -115,10 +117,11 @@ class BringUp:
         """One batched start; every started process is on disk before anything else happens.
         LaunchError naming every worker that did not start."""
         res = self.launcher.start(recs)
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         for rec in recs:
             if rec.name in res.ok:
                 rec.handle, rec.since = res.ok[rec.name], now
+                self.started_at[rec.name] = mono
                 self.started.append(rec)
                 self.state.processes.append(rec)
         self.cdir.save(self.state)
@@ -146,6 +149,7 @@ class BringUp:
                 for rec, ok in zip(probe, pool.map(_healthy, probe)):
                     if ok:
                         del pending[rec.name]
+                        self.ready_at[rec.name] = time.monotonic()
                 for rec in [r for r in pending.values() if not r.is_leader]:
                     del pending[rec.name]  # non-leader ranks serve no HTTP; alive is enough
                 if router is not None and router.name in pending and client is not None:
@@ -154,6 +158,7 @@ class BringUp:
                         to_register = self._register(client, to_register, pending)
                         if not to_register and client.readiness()[0]:
                             del pending[router.name]
+                            self.ready_at[router.name] = time.monotonic()
                 elapsed = time.monotonic() - t0
                 self._progress(recs, pending, totals, shown, elapsed)
                 if not pending:
