@@ -84,8 +84,8 @@ def check_encoders(encoders: Sequence[Any], send: Callable[[int], Any],
         for e in encoders:
             r = res[e.name]
             r.requests += 1
-            now = _read(e.url)
-            if now is not None and start[e.name] is not None:
-                r.transfers = now[0] - start[e.name][0]
-                r.items = now[1] - start[e.name][1]
+            now, before = _read(e.url), start[e.name]
+            if now is not None and before is not None:
+                r.transfers = now[0] - before[0]
+                r.items = now[1] - before[1]
     return list(res.values())

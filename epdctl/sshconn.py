@@ -58,7 +58,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             raise UnknownHostKey(hostname, key, other_types=sorted(recorded or ()))
         client.get_host_keys().add(hostname, key.get_name(), key)
         if self.save_to is not None:
-            line = paramiko.hostkeys.HostKeyEntry([hostname], key).to_line()
+            line = paramiko.hostkeys.HostKeyEntry([hostname], key).to_line() or ""
             with _KNOWN_HOSTS_LOCK:
                 self.save_to.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 with open(self.save_to, "a") as f:

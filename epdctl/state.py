@@ -102,7 +102,7 @@ class ProcessRecord:
         return cls(
             name=name, role="router" if is_router else spec.role, node=spec.node,
             argv=list(spec.argv), env=dict(spec.env or {}),
-            worker="router" if is_router else _worker_of(spec.name),
+            worker="router" if is_router else worker_of(spec.name),
             engine=engine, node_rank=int(getattr(spec, "node_rank", 0) or 0),
             nnodes=int(getattr(spec, "nnodes", 1) or 1), host=spec.host, port=int(spec.port),
             url=spec.url, health_path=spec.health_path,
@@ -121,7 +121,7 @@ class ProcessRecord:
         return cls(**args)
 
 
-def _worker_of(name: str) -> str:
+def worker_of(name: str) -> str:
     """The plan names rank r>0 of a multi-node worker ``NAME.rR``; this is the one place that
     knows it (records carry ``worker`` and ``node_rank`` so nothing else has to)."""
     base, sep, rank = name.rpartition(".r")
@@ -166,41 +166,6 @@ class ClusterState:
         procs = [ProcessRecord.from_dict(p) for p in d.get("processes", [])]
         known = {f for f in cls.__dataclass_fields__} - {"processes"}
         return cls(processes=procs, **{k: v for k, v in d.items() if k in known})
-
-
-def upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
-    """Read a version-1 state (epdctl before the one-record state): the launcher handle was
-    flat on each process (pid/pgid/create_time; slurm: pid = job id, one job for all) and the
-    engine and node rank were not recorded. A SLURM v1 cluster was one batch job: it can be
-    stopped (scancel) but not rebalanced."""
-    out = dict(data, version=STATE_VERSION)
-    engine = out.setdefault("engine", _engine_of(data.get("topology")))
-    procs = []
-    for p in data.get("processes", []):
-        q = dict(p)
-        handle = {"pid": q.pop("pid", 0), "pgid": q.pop("pgid", 0),
-                  "create_time": q.pop("create_time", 0.0)}
-        if data.get("launcher") == "slurm":
-            handle = {"job": str(handle["pid"]), "step": None}
-        q["handle"] = handle
-        q.setdefault("worker", _worker_of(q.get("name", "")))
-        q.setdefault("engine", engine)
-        base, sep, rank = q.get("name", "").rpartition(".r")
-        q.setdefault("node_rank", int(rank) if sep and rank.isdigit() else 0)
-        procs.append(q)
-    out["processes"] = procs
-    return out
-
-
-def _engine_of(topology: str | None) -> str:
-    """The ``engine:`` of the topology a v1 state names (embedded when it cannot be read)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(Path(topology or "").read_text())
-        return str(doc.get("engine") or "embedded") if isinstance(doc, dict) else "embedded"
-    except (OSError, yaml.YAMLError):
-        return "embedded"
 
 
 def check_name(name: str) -> str:
@@ -250,6 +215,8 @@ class ClusterDir:
             if not isinstance(data, dict):
                 raise ValueError("top level is not an object")
             if data.get("version") == 1:
+                from epdctl.state_v1 import upgrade_v1
+
                 data = upgrade_v1(data)
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"unknown state version {data.get('version')!r}")

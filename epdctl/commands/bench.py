@@ -135,7 +135,7 @@ def bench(target: str | None, workload_file: Path | None, images: str | None,
     click.echo(f"bench {resolved.target.base_url} model {resolved.target.model}; "
                f"{len(resolved.endpoints)} metrics page(s)")
     runs: list[tuple[str, list, dict]] = []
-    for r in rates or [None]:
+    for r in [*rates] if rates else [None]:
         wr = w.with_(rate=r) if r is not None else w
         label = f"rate {wr.rate:g}/s" if wr.rate is not None else f"concurrency {wr.concurrency}"
         click.echo(wr.describe())
