@@ -20,9 +20,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from epdctl import token_canary
-from epdctl.encoder_canary import encoder_counts
-from epdctl.token_canary import FAKE_BOOTSTRAP_HOST, check_pair
+from epdctl.canary import tokens as token_canary
+from epdctl.canary.encoders import encoder_counts
+from epdctl.canary.tokens import FAKE_BOOTSTRAP_HOST, check_pair
 
 FIX = Path(__file__).parent / "fixtures" / "sglang"
 PROMPT_IDS = [11, 12, 13]

@@ -17,6 +17,7 @@ from epdctl.launchers.lifecycle import BringUp, tear_down
 from epdctl.launchers.observe import observe
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 
+from epdctl.commands.args import cluster_arg as _cluster_arg
 from epdctl.commands.preflight_gate import preflight_before_up
 from epdctl.commands.render_status import Progress, render_status
 
@@ -27,15 +28,6 @@ def _load_plan(path: Path) -> tuple[Any, Any]:
 
     topo = load_topology(path)
     return topo, build_plan(topo)
-
-
-def _cluster_arg(arg: str | None) -> str | None:
-    """CLUSTER or TOPOLOGY file -> cluster name (a topology's cluster is named after it)."""
-    if arg and (arg.endswith((".yaml", ".yml")) or "/" in arg) and Path(arg).is_file():
-        from epdctl.topology import load_topology
-
-        return load_topology(Path(arg)).name
-    return arg
 
 
 def _check_ports_free(plan: Any) -> None:
@@ -128,7 +120,7 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
         click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")
     if no_canary or plan.router is None:
         return
-    from epdctl.commands.up_canary import run_up_canary
+    from epdctl.commands.canary import run_up_canary
 
     run_up_canary(plan, topo, api_key_env)
 

@@ -14,7 +14,7 @@ from epdctl.state import ClusterDir, ClusterState, resolve_cluster
 
 
 def _cluster(arg: str | None) -> tuple[ClusterDir, ClusterState]:
-    from epdctl.commands.cluster import _cluster_arg
+    from epdctl.commands.args import cluster_arg as _cluster_arg
 
     cdir = resolve_cluster(_cluster_arg(arg))
     state = cdir.load()
@@ -200,7 +200,7 @@ def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: 
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
 def history(cluster: str | None, as_json: bool) -> None:
     """Every rebalance of CLUSTER: who, when, what moved, outcome and step durations."""
-    from epdctl.commands.cluster import _cluster_arg
+    from epdctl.commands.args import cluster_arg as _cluster_arg
     from epdctl.rebalance import history as hist
 
     name = _cluster_arg(cluster)

@@ -5,7 +5,7 @@ transfer to a prefill in the ``sglang:encoder_transfer_seconds`` histogram. So i
 (fresh generated images, so no cache answers them) go through the router until every
 encoder's transfer count grew, or the attempts run out; an encoder whose count never moved is
 named. The destination prefill is not in the metric's labels, so the pair reads
-``encoder->prefills``. The embedded engine gets the byte-exact check in ``pair_canary``.
+``encoder->prefills``. The embedded engine gets the byte-exact check in ``epdctl.canary.pairs``.
 """
 
 from __future__ import annotations
