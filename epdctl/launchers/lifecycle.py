@@ -35,8 +35,8 @@ ROUTER_TYPES = {"prefill": "prefill", "decode": "decode", "colocated": "regular"
 class Event:
     """Progress of `up`, for the command to display."""
 
-    stage: str            # role name or "router"
-    kind: str             # starting | waiting | ready | registered
+    stage: str            # role name, "router", or "all" (kind "progress")
+    kind: str             # starting | waiting | ready | registered | progress
     ready: int = 0
     total: int = 0
     elapsed: float = 0.0
@@ -171,6 +171,12 @@ class BringUp:
 
     def _progress(self, recs: Sequence[ProcessRecord], pending: dict[str, ProcessRecord],
                   totals: dict[str, int], shown: dict[str, int], elapsed: float) -> None:
+        """Per role: an event when its ready count changes; every round: one "progress"
+        event with every role's count (the one updating line of a terminal)."""
+        counts = {role: total - sum(r.role == role for r in pending.values())
+                  for role, total in totals.items() if total}
+        self.on_event(Event("all", "progress", len(recs) - len(pending), len(recs), elapsed,
+                            "  ".join(f"{role} {n}/{totals[role]}" for role, n in counts.items())))
         for role, total in totals.items():
             if not total:
                 continue
