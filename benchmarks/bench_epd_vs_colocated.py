@@ -111,28 +111,32 @@ def dummy_router_overhead(n: int, base: int) -> dict:
     The dummies answer in well under a millisecond, so the difference is what smg adds
     (both legs concurrently, response relayed). Uses the same launcher code as `epdctl up`.
     """
-    from epdctl.launchers.base import LaunchSpec
     from epdctl.launchers.local import LocalLauncher
     from epdctl.routerctl import RouterClient, with_local_health_flags
+    from epdctl.state import ProcessRecord
 
     dummy = str(ROOT / "tests" / "e2e" / "dummy_worker.py")
     lau = LocalLauncher()
     logs = Path(tempfile.mkdtemp(prefix="epdctl-bench-dummy-"))
     pre, dec, boot, rport, mport = base + 1, base + 2, base + 3, base, base + 4
     specs = [
-        LaunchSpec("prefill-0", "prefill", "local",
-                   ("python", dummy, str(pre), "prefill", "--bootstrap-port", str(boot))),
-        LaunchSpec("decode-0", "decode", "local", ("python", dummy, str(dec), "decode")),
-        LaunchSpec("router", "router", "local", tuple(with_local_health_flags([
+        ProcessRecord("prefill-0", "prefill", "local",
+                      ["python", dummy, str(pre), "prefill", "--bootstrap-port", str(boot)],
+                      log=str(logs / "prefill-0.log")),
+        ProcessRecord("decode-0", "decode", "local", ["python", dummy, str(dec), "decode"],
+                      log=str(logs / "decode-0.log")),
+        ProcessRecord("router", "router", "local", with_local_health_flags([
             "smg", "launch", "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(rport),
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport),
             "--prefill", f"http://127.0.0.1:{pre}", str(boot),
-            "--decode", f"http://127.0.0.1:{dec}"]))),
+            "--decode", f"http://127.0.0.1:{dec}"]), log=str(logs / "router.log")),
     ]
-    handles = []
+    handles = specs
     try:
+        started = lau.start(specs)
+        started.raise_if_failed("starting the dummies")
         for sp in specs:
-            handles.append(lau.start(sp, logs / f"{sp.name}.log"))
+            sp.handle = started.ok[sp.name]
         RouterClient(f"http://127.0.0.1:{rport}").wait_ready(120)
         body = {"model": "dummy", "max_tokens": 4,
                 "messages": [{"role": "user", "content": "hello"}]}

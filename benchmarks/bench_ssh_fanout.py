@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from sshd_nodes import SshdNodes  # noqa: E402
 
-from epdctl.fanout import fanout, raise_if_failed  # noqa: E402
-from epdctl.launchers.base import Handle, LaunchSpec  # noqa: E402
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed  # noqa: E402
+from epdctl.state import ProcessRecord  # noqa: E402
 from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh_nodes import NodeAccess  # noqa: E402
-from epdctl.sshconn import SSHOptions, SSHTarget  # noqa: E402
+from epdctl.launchers.ssh.nodes import NodeAccess  # noqa: E402
+from epdctl.launchers.ssh.conn import SSHOptions, SSHTarget  # noqa: E402
 
 PORT = 35024
 TRIVIAL = ("sleep", "600")
@@ -46,15 +46,16 @@ def launcher(nodes: dict[str, NodeAccess], opts: SSHOptions, run_root: Path,
                        parallel=parallel, settle=0.0)
 
 
-def up_like(lau: SSHLauncher, names: list[str]) -> list[Handle]:
+def up_like(lau: SSHLauncher, names: list[str]) -> list[ProcessRecord]:
     """Per node: prepare (setup, version check, run folder) then start one detached process."""
-    def one(node: str) -> Handle:
+    def one(node: str) -> ProcessRecord:
         lau.prepare_node(node)
-        got = lau.start_on_node(node, [LaunchSpec(f"w-{node}", "encoder", node, TRIVIAL)])
-        h = got[f"w-{node}"]
-        if isinstance(h, Exception):
-            raise h
-        return h
+        rec = ProcessRecord(f"w-{node}", "encoder", node, list(TRIVIAL))
+        got = lau.start_on_node(node, [rec])[rec.name]
+        if isinstance(got, Exception):
+            raise got
+        rec.handle = got
+        return rec
 
     res = fanout({n: n for n in names}, lambda n, _: one(n), parallel=lau.parallel)
     raise_if_failed(res, "bench up")

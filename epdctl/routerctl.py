@@ -14,16 +14,13 @@ from typing import Any
 
 from epdctl.errors import LaunchError, ProbeError
 from epdctl.probes import HttpReply, http
+from epdctl.render.router import HEALTH_FLAGS
 
 log = logging.getLogger(__name__)
 
-# Local clusters want a dead worker out of rotation within seconds, not smg's 60 s x 3.
-LOCAL_HEALTH_FLAGS: dict[str, str] = {
-    "--health-check-interval-secs": "1",
-    "--health-failure-threshold": "2",
-    "--health-success-threshold": "1",
-    "--health-check-timeout-secs": "2",
-}
+# Fast health checks (a dead worker out of rotation within seconds, not smg's 60 s x 3): the
+# flags every rendered router carries; here for routers that tests and benchmarks start by hand.
+LOCAL_HEALTH_FLAGS: dict[str, str] = HEALTH_FLAGS
 
 
 def with_local_health_flags(argv: tuple[str, ...] | list[str]) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 from epdctl.errors import StateError
 
 STATE_DIR_ENV = "EPDCTL_STATE_DIR"
-STATE_VERSION = 1
+STATE_VERSION = 2
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -39,30 +39,93 @@ def state_root() -> Path:
 
 
 @dataclass
-class ProcessRecord:
-    """One process that `up` started (a worker or the router)."""
+class Handle:
+    """Where a launcher put one process: enough to find, signal and read it from another shell.
 
-    name: str
+    local/ssh: ``pid``/``pgid`` + ``create_time`` (the pid-reuse guard); ssh adds nothing here
+    (the node's address is in ``ssh-nodes.json``); slurm: ``job`` and ``step`` (``scancel
+    JOB.STEP``) plus the local ``srun`` client's pid. ``host`` is the address the process serves
+    on when the launcher, not the topology, chose it (a SLURM node's NodeAddr).
+    """
+
+    pid: int = 0
+    pgid: int = 0
+    create_time: float = 0.0
+    host: str | None = None
+    job: str | None = None
+    step: str | None = None
+
+    @property
+    def step_id(self) -> str | None:
+        return f"{self.job}.{self.step}" if self.job and self.step is not None else None
+
+
+@dataclass
+class ProcessRecord:
+    """One process of a cluster (a worker rank or the router): what the plan says it is, where
+    the launcher put it (``handle``), and nothing that has to be parsed back out of its argv."""
+
+    name: str                      # prefill-0, prefill-0.r1 (rank 1), router
     role: str                      # encoder | prefill | decode | colocated | router
     node: str
-    host: str
-    port: int
-    url: str
-    pid: int
-    pgid: int
-    create_time: float             # guards against pid reuse before signalling
-    log: str
-    since: float
-    argv: list[str]
+    argv: list[str] = field(default_factory=list)   # ${VAR} references, never secret values
+    env: dict[str, str] = field(default_factory=dict)
+    worker: str = ""               # the logical worker (prefill-0 for every rank); router: router
+    engine: str = "embedded"
+    node_rank: int = 0
+    nnodes: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0
+    url: str = ""
     health_path: str = "/health"
     bootstrap_port: int | None = None
+    encoder_bootstrap_port: int | None = None
+    prometheus_port: int | None = None
     is_leader: bool = True
+    log: str = ""
+    since: float = 0.0
+    handle: Handle | None = None
     router_id: str | None = None   # smg worker id when registered through POST /workers
+
+    def __post_init__(self) -> None:
+        self.worker = self.worker or self.name
+
+    @property
+    def pid(self) -> int:
+        return self.handle.pid if self.handle else 0
+
+    @classmethod
+    def of(cls, spec: Any, engine: str, log: Path | str = "") -> "ProcessRecord":
+        """The record of a plan ``WorkerSpec`` or ``RouterSpec`` (before it is started)."""
+        is_router = not hasattr(spec, "role")
+        name = "router" if is_router else spec.name
+        return cls(
+            name=name, role="router" if is_router else spec.role, node=spec.node,
+            argv=list(spec.argv), env=dict(spec.env or {}),
+            worker="router" if is_router else worker_of(spec.name),
+            engine=engine, node_rank=int(getattr(spec, "node_rank", 0) or 0),
+            nnodes=int(getattr(spec, "nnodes", 1) or 1), host=spec.host, port=int(spec.port),
+            url=spec.url, health_path=spec.health_path,
+            bootstrap_port=getattr(spec, "bootstrap_port", None),
+            encoder_bootstrap_port=getattr(spec, "encoder_bootstrap_port", None),
+            prometheus_port=getattr(spec, "prometheus_port", None),
+            is_leader=bool(getattr(spec, "is_leader", True)), log=str(log))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ProcessRecord":
         known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
+        args = {k: v for k, v in d.items() if k in known}
+        if isinstance(args.get("handle"), dict):
+            hk = set(Handle.__dataclass_fields__)
+            args["handle"] = Handle(**{k: v for k, v in args["handle"].items() if k in hk})
+        return cls(**args)
+
+
+def worker_of(name: str) -> str:
+    """The plan names rank r>0 of a multi-node worker ``NAME.rR``; this is the one place that
+    knows it (records carry ``worker`` and ``node_rank`` so nothing else has to)."""
+    base, sep, rank = name.rpartition(".r")
+    return base if sep and rank.isdigit() else name
 
 
 @dataclass
@@ -72,6 +135,7 @@ class ClusterState:
     name: str
     topology: str
     launcher: str
+    engine: str = "embedded"
     phase: str = "starting"       # starting | running | stopping
     created: float = field(default_factory=time.time)
     api_key_env: str | None = None
@@ -89,6 +153,10 @@ class ClusterState:
 
     def find(self, name: str) -> ProcessRecord | None:
         return next((p for p in self.processes if p.name == name), None)
+
+    def ranks(self, worker: str) -> list[ProcessRecord]:
+        """Every rank of one logical worker, rank 0 first."""
+        return sorted((p for p in self.processes if p.worker == worker), key=lambda p: p.node_rank)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -146,6 +214,10 @@ class ClusterDir:
             data = json.loads(text)
             if not isinstance(data, dict):
                 raise ValueError("top level is not an object")
+            if data.get("version") == 1:
+                from epdctl.state_v1 import upgrade_v1
+
+                data = upgrade_v1(data)
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"unknown state version {data.get('version')!r}")
             return ClusterState.from_dict(data)

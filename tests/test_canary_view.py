@@ -4,8 +4,8 @@ right answer; the failing pair is named with its reason."""
 
 from __future__ import annotations
 
-from epdctl.commands.canary_view import missing_transfers, render_deltas, render_pairs
-from epdctl.pair_canary import PairReport, PairResult
+from epdctl.canary.view import missing_transfers, render_deltas, render_pairs
+from epdctl.canary.pairs import PairReport, PairResult
 
 
 def test_pair_verdicts() -> None:

@@ -150,17 +150,19 @@ def test_real_vllm_parser_accepts_every_rendered_command() -> None:
 
 
 def test_real_smg_parser_accepts_every_rendered_router() -> None:
+    from epdctl.render.router import router_flags
+
     pytest.importorskip("smg.launch_router", reason="smg 1.13.0 is not installed")
     from smg.router_args import RouterArgs
 
     seen = 0
     for path in TOPOLOGIES:
         plan = build_plan(load_topology(path))
-        if plan.router is None or plan.router.argv[2] != "smg.launch_router":
+        if plan.router is None or "smg.launch_router" not in plan.router.argv[2:5]:
             continue
         parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
         RouterArgs.add_cli_args(parser, use_router_prefix=False)
-        ns = _parse_or_fail(parser, list(plan.router.argv[3:]))
+        ns = _parse_or_fail(parser, router_flags(plan.router.argv))
         ra = RouterArgs.from_cli_args(ns, use_router_prefix=False)
         assert ra.port == plan.router.port and ra.prometheus_port == plan.router.prometheus_port
         leaders = [w for w in plan.workers if w.is_leader]

@@ -1,8 +1,9 @@
 """Bring-up, status, canary and down of a hand-built plan: dummy HTTP workers + the real smg.
 
-The workers are `tests/e2e/dummy_worker.py` (real processes, real HTTP); the router is the smg
-binary from the venv, started with an API key taken from an env var and filled through
-`POST /workers`. The full cluster with the real runtime is in tests/e2e/.
+The workers are `tests/e2e/dummy_worker.py` (real processes, real HTTP); the router is smg
+from the venv, started through `python -m epdctl.router_exec` with an API key taken from an env
+var, at the same time as the workers, and filled through `POST /workers` as each becomes
+healthy. The full cluster with the real runtime is in tests/e2e/.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from click.testing import CliRunner
 
 from epdctl.cli import cli
 from epdctl.errors import LaunchError
-from epdctl.launchers.lifecycle import BringUp, router_argv, tear_down, to_handle
+from epdctl.launchers.lifecycle import BringUp, tear_down
+from epdctl.render.router import HEALTH_FLAGS
 from epdctl.launchers.local import LocalLauncher
 from epdctl.launchers.observe import observe
 from epdctl.canary import run_canary
@@ -57,6 +59,7 @@ class R:
     node: str = "local"
     host: str = "127.0.0.1"
     env: dict[str, str] = field(default_factory=dict)
+    health_path: str = "/health"
 
     @property
     def url(self) -> str:
@@ -82,9 +85,11 @@ def _plan(base: int, *, bad: str | None = None) -> Plan:
         _worker("prefill-0", "prefill", base + 2, boot=base + 3),
         _worker("decode-0", "decode", base + 4, *(["--exit-at-start", bad] if bad else [])),
     ]
-    router = R(base, base + 90, ("smg", "launch", "--pd-disaggregation", "--host", "127.0.0.1",
+    flags = [x for kv in HEALTH_FLAGS.items() for x in kv]
+    router = R(base, base + 90, ("python", "-m", "epdctl.router_exec", KEY_ENV, "smg.launch_router",
+                                 "--pd-disaggregation", "--host", "127.0.0.1",
                                  "--port", str(base), "--prometheus-host", "127.0.0.1",
-                                 "--prometheus-port", str(base + 90)))
+                                 "--prometheus-port", str(base + 90), *flags))
     return Plan(workers, router)
 
 
@@ -105,23 +110,9 @@ def _new(name: str) -> tuple[ClusterDir, ClusterState]:
 
 def _no_process_left(state: ClusterState) -> bool:
     lau = LocalLauncher()
-    return not any(lau.is_alive(to_handle(p)) for p in state.processes) and not any(
+    return not any(s.alive for s in lau.poll(state.processes).ok.values()) and not any(
         psutil.pid_exists(p.pid) and psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE
         for p in state.processes)
-
-
-def test_router_argv_keeps_the_key_off_the_command_line() -> None:
-    argv = router_argv(_plan(34100).router)
-    assert argv[:2] == ("python3", "-c") and "t0p-s3cret" not in " ".join(argv)
-    assert "--health-check-interval-secs" in argv and KEY_ENV in argv[2]
-    plain = router_argv(R(1, 2, ("smg", "launch", "--port", "1"), api_key_env=None))
-    assert plain[:2] == ("smg", "launch") and "--health-failure-threshold" in plain
-    rendered = router_argv(R(1, 2, ("python3", "-m", "smg.launch_router", "--port", "1",
-                                    "--api-key", "${MY_KEY}"), api_key_env=None))
-    assert rendered[:2] == ("python3", "-c") and "'MY_KEY'" in rendered[2]
-    assert "--api-key" not in rendered and "${MY_KEY}" not in rendered
-    with pytest.raises(LaunchError, match="literal router API key"):
-        router_argv(R(1, 2, ("smg", "launch", "--api-key", "oops"), api_key_env=None))
 
 
 def test_full_cycle_with_real_router(state_dir: Path) -> None:
@@ -130,14 +121,22 @@ def test_full_cycle_with_real_router(state_dir: Path) -> None:
     events: list[str] = []
     lau = LocalLauncher()
     try:
-        BringUp(plan, lau, cdir, st, timeout=60,
-                on_event=lambda e: events.append(f"{e.stage}:{e.kind}")).run()
-        assert events.index("encoder:ready") < events.index("prefill:starting")
+        BringUp(lau, cdir, st, timeout=60,
+                on_event=lambda e: events.append(f"{e.stage}:{e.kind}")).run(plan)
+        # every role is started before any is waited for; the router is ready last
+        starts = [i for i, e in enumerate(events) if e.endswith(":starting")]
+        assert len(starts) == 4 and max(starts) < events.index("encoder:ready")
         assert events[-1] == "router:ready"
         saved = cdir.load()
         assert saved is not None and saved.phase == "running" and len(saved.processes) == 4
         assert all(p.router_id for p in saved.processes if p.role in ("prefill", "decode"))
         assert "t0p-s3cret" not in cdir.state_file.read_text()
+        # the router runs the planned command (recorded as is); the key is on no command line
+        router = saved.router
+        assert router is not None and router.handle is not None
+        assert router.argv == list(plan.router.argv)
+        cmdline = Path(f"/proc/{router.handle.pid}/cmdline").read_bytes().decode()
+        assert "t0p-s3cret" not in cmdline  # smg sets its title (setproctitle) after parsing
 
         view = observe(saved, lau)
         assert view.healthy and view.summary() == {
@@ -163,7 +162,8 @@ def test_full_cycle_with_real_router(state_dir: Path) -> None:
         # Kill the decode behind epdctl's back: status shows it dead, the router drops it.
         dec = saved.find("decode-0")
         assert dec is not None
-        os.killpg(dec.pgid, 9)
+        assert dec.handle is not None
+        os.killpg(dec.handle.pgid, 9)
         client = RouterClient(plan.router.url, KEY_ENV)
         while client.readiness()[0]:
             time.sleep(0.2)
@@ -197,7 +197,7 @@ def test_worker_dying_during_up_stops_everything(state_dir: Path) -> None:
     cdir, st = _new("broken")
     lau = LocalLauncher()
     with pytest.raises(LaunchError) as e:
-        BringUp(plan, lau, cdir, st, timeout=60).run()
+        BringUp(lau, cdir, st, timeout=60).run(plan)
     msg = str(e.value)
     assert "[local/decode-0]" in msg and "port 34204 already in use" in msg
     assert "stopped the" in msg and "process(es) this run had started" in msg
@@ -215,15 +215,15 @@ def test_ctrl_c_during_up_stops_what_was_started(state_dir: Path) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        BringUp(plan, LocalLauncher(), cdir, st, timeout=60, on_event=interrupt).run()
-    assert cdir.load() is None and _no_process_left(st) and len(st.processes) == 2
+        BringUp(LocalLauncher(), cdir, st, timeout=60, on_event=interrupt).run(plan)
+    assert cdir.load() is None and _no_process_left(st) and len(st.processes) == 4
 
 
 def test_tear_down_of_a_recorded_state_from_a_new_launcher(state_dir: Path) -> None:
     """`down` from another shell: a fresh launcher that did not start the processes."""
     plan = Plan(_plan(34400).workers[:1], None)
     cdir, st = _new("other-shell")
-    BringUp(plan, LocalLauncher(), cdir, st, timeout=60).run()
+    BringUp(LocalLauncher(), cdir, st, timeout=60).run(plan)
     saved = cdir.load()
     assert saved is not None
     res = tear_down(saved, LocalLauncher())

@@ -231,11 +231,17 @@ def test_bad_input_is_one_clear_line_without_traceback(tmp_path: Path) -> None:
         assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-def test_slurm_clusters_are_refused_before_anything_moves(tmp_path: Path) -> None:
-    env, _ = _record_cluster(tmp_path, launcher="slurm")
-    r = _epdctl(env, "rebalance", "rb", "--encoder", "+1", "--from", "decode", "--yes")
-    assert r.returncode == 1 and "slurm launcher" in r.stderr
+def test_a_one_job_slurm_cluster_of_an_older_epdctl_is_refused_before_anything_moves(
+        tmp_path: Path) -> None:
+    import json
 
+    env, root = _record_cluster(tmp_path, launcher="slurm")
+    doc = json.loads((root / "state.json").read_text())
+    doc["processes"] = [{"name": "decode-0", "role": "decode", "node": "local",
+                         "handle": {"job": "12", "step": None}}]
+    (root / "state.json").write_text(json.dumps(doc))
+    r = _epdctl(env, "rebalance", "rb", "--encoder", "+1", "--from", "decode", "--yes")
+    assert r.returncode == 1 and "one SLURM batch job" in r.stderr and "Traceback" not in r.stderr
 
 def test_history_lists_records_and_the_layout_replays_them(tmp_path: Path) -> None:
     env, root = _record_cluster(tmp_path)

@@ -1,7 +1,8 @@
 """SLURM job control: parsers on recorded tool output, then the same paths on a real local cluster.
 
 Bad input is reported clearly: more nodes or GPUs than the partition has, an unknown partition,
-a cancelled job, a job that reached its time limit, and a worker that dies inside the job.
+a cancelled job, an allocation that reached its time limit, and a worker (job step) that dies
+at start or later, through `up`'s own BringUp and the slurm launcher.
 """
 
 from __future__ import annotations
@@ -21,13 +22,12 @@ from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
 
 from epdctl.errors import LaunchError  # noqa: E402
 from epdctl.launchers import get_launcher  # noqa: E402
-from epdctl.launchers.base import Handle  # noqa: E402
-from epdctl.launchers.lifecycle import to_handle  # noqa: E402
+from epdctl.launchers.lifecycle import BringUp  # noqa: E402
 from epdctl.render import build_plan  # noqa: E402
-from epdctl.slurm import jobs  # noqa: E402
+from epdctl.slurm import jobs, steps  # noqa: E402
 from epdctl.slurm.jobs import JobInfo  # noqa: E402
-from epdctl.slurm.launcher import _failure, slurm_up  # noqa: E402
-from epdctl.state import ClusterDir, ClusterState  # noqa: E402
+from epdctl.slurm.launcher import ALLOC_FILE, SlurmLauncher  # noqa: E402
+from epdctl.state import ClusterDir, ClusterState, Handle, ProcessRecord  # noqa: E402
 from epdctl.topology import load_topology  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,8 +79,21 @@ def test_sbatch_errors_say_what_to_change() -> None:
 
 
 def test_timeout_failure_names_the_setting(tmp_path: Path) -> None:
-    err = _failure("6", jobs.parse_squeue(SQUEUE)["6"], tmp_path)
-    assert "SLURM job 6 ended as TIMEOUT" in str(err) and "raise slurm.time" in str(err)
+    err = jobs.ended(jobs.parse_squeue(SQUEUE)["6"])
+    assert "SLURM job 6 ended as TIMEOUT" in err and "raise slurm.time" in err
+
+
+# Recorded: `squeue --steps --noheader --jobs=13 --format='%i|%j'` on the local cluster.
+SQUEUE_STEPS = "13.0|w1\n13.1|w0\n13.2|w2\n13.batch|batch\n13.3|w0\n"
+
+
+def test_parse_steps_and_newest_step_per_name() -> None:
+    parsed = steps.parse_steps(SQUEUE_STEPS)
+    assert parsed == {"13.0": "w1", "13.1": "w0", "13.2": "w2", "13.batch": "batch", "13.3": "w0"}
+    assert steps.by_name(parsed) == {"batch": "13.batch", "w1": "13.0", "w0": "13.3", "w2": "13.2"}
+    argv = steps.srun_argv("13", "node2", "prefill-0", "/run/logs/prefill-0.log", "exec x")
+    assert argv[:3] == ["srun", "--jobid=13", "--overlap"] and "--nodelist=node2" in argv
+    assert argv[-3:] == ["bash", "-c", "exec x"]
 
 
 # ----------------------------------------------------------------------------- real cluster
@@ -125,9 +138,10 @@ def test_cancelled_job_is_reported_and_nothing_remains(cluster: SlurmCluster, jo
     assert cluster.wait_state(job, ("RUNNING",)) == "RUNNING"
     assert jobs.cancel([job]) == []
     assert jobs.poll([job])[job].state == "CANCELLED"
-    handle = Handle(name="w", role="decode", node="n0", pid=int(job), pgid=int(job), create_time=0.0,
-                    log=Path("/nonexistent/logs/w.log"), since=0.0, argv=())
-    assert get_launcher("slurm").is_alive(handle) is False
+    rec = ProcessRecord("w", "decode", "n0", log="/nonexistent/logs/w.log",
+                        handle=Handle(job=job, step="0"))
+    st = get_launcher("slurm").poll([rec]).ok["w"]
+    assert st.alive is False and f"SLURM job {job} ended as CANCELLED" in st.tail
     assert jobs.poll(["999999"])["999999"].state == "GONE"
 
 
@@ -152,60 +166,63 @@ def ok_server(host: str, port: int) -> tuple[str, ...]:
     return ("python3", "-c", OK_SERVER, host, str(port))
 
 
-def test_worker_dying_inside_the_job_fails_it_with_name_and_log(cluster: SlurmCluster, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def _bring_up(topo, plan, name: str, timeout: float = 120):  # type: ignore[no-untyped-def]
+    cdir = ClusterDir(name)
+    state = ClusterState(name=name, topology="slurm-local.yaml", launcher="slurm")
+    lau = SlurmLauncher(cdir.root, topo)
+    return cdir, state, lau, BringUp(lau, cdir, state, timeout=timeout)
+
+
+def test_worker_dying_at_start_fails_up_with_name_and_log(cluster: SlurmCluster, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "state"))
     server = ok_server("n0.slurm", 37100)
     dies = ("python3", "-c", "import sys; print('loading weights', flush=True); sys.exit('bad checkpoint')")
     topo, plan = _cheap_plan({"encoder": server, "prefill": dies})
-    cdir = ClusterDir("slurm-local-dies")
-    state = ClusterState(name=cdir.name, topology="slurm-local.yaml", launcher="slurm")
+    cdir, state, lau, up = _bring_up(topo, plan, "slurm-local-dies")
     with pytest.raises(LaunchError) as info:
-        slurm_up(topo, plan, cdir, state, timeout=120)
+        up.run(plan)
     msg = str(info.value)
-    assert "prefill-0 died (exit status 1)" in msg
+    assert "[n1/prefill-0]" in msg and "during startup" in msg
     assert "bad checkpoint" in msg and "loading weights" in msg
-    job = str(ClusterDir("slurm-local-dies").load().processes[0].pid)  # type: ignore[union-attr]
-    assert not jobs.poll([job])[job].active
+    assert "stopped the 3 process(es)" in msg
+    job = state.processes[0].handle.job  # type: ignore[union-attr]
+    assert job and not jobs.poll([job])[job].active  # the allocation was given back
+    assert cdir.load() is None and not (cdir.root / ALLOC_FILE).exists()
 
 
-def test_job_reaching_its_time_limit_is_reported(cluster: SlurmCluster, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--time=1` (SLURM's smallest limit, one minute) with an encoder that never gets healthy."""
+def test_allocation_reaching_its_time_limit_is_reported(cluster: SlurmCluster, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurm.time 1 (SLURM's smallest limit, one minute) with an encoder that never gets healthy."""
     monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "state"))
     topo, plan = _cheap_plan({"encoder": ("sleep", "600")})
-    cdir = ClusterDir("slurm-local-timeout")
-    state = ClusterState(name=cdir.name, topology="slurm-local.yaml", launcher="slurm")
+    topo = dataclasses.replace(topo, slurm=dataclasses.replace(topo.slurm, time="1"))
+    _cdir, _state, _lau, up = _bring_up(topo, plan, "slurm-local-timeout", timeout=600)
     with pytest.raises(LaunchError) as info:
-        slurm_up(topo, plan, cdir, state, timeout=600, sbatch_args=["--time=1"])
+        up.run(plan)
     msg = str(info.value)
     assert "ended as TIMEOUT" in msg and "raise slurm.time" in msg
 
 
-def test_worker_dying_after_ready_fails_the_job(cluster: SlurmCluster, tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_dying_after_ready_is_dead_and_the_others_keep_running(
+        cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "state"))
     topo, plan = _cheap_plan({"encoder": ok_server("n0.slurm", 37100), "prefill": ok_server("n1.slurm", 37200),
                               "decode": ok_server("n2.slurm", 37300)})
-    cdir = ClusterDir("slurm-local-late-death")
-    state = ClusterState(name=cdir.name, topology="slurm-local.yaml", launcher="slurm")
-    slurm_up(topo, plan, cdir, state, timeout=120)
-    job = str(state.processes[0].pid)
-    launcher = get_launcher("slurm")
+    cdir, state, lau, up = _bring_up(topo, plan, "slurm-local-late-death")
+    up.run(plan)
     try:
-        assert all(launcher.is_alive(to_handle(p)) for p in state.processes)
+        assert all(s.alive for s in lau.poll(state.processes).ok.values())
         victims = [p for p in psutil.process_iter(["cmdline"])
                    if "37200" in (p.info["cmdline"] or []) and "-c" in (p.info["cmdline"] or [])]
         assert len(victims) == 1
         victims[0].kill()
         deadline = time.monotonic() + 60
-        while jobs.poll([job])[job].active and time.monotonic() < deadline:
+        while lau.poll(state.processes).ok["prefill-0"].alive and time.monotonic() < deadline:
             time.sleep(0.2)
-        info = jobs.poll([job])[job]
-        assert info.state == "FAILED"
-        assert not launcher.is_alive(to_handle(state.processes[0]))
-        out = (cdir.root / f"job-{job}.out").read_text()
-        assert "worker prefill-0 died" in out and "starting prefill-0 on node2" in out
-        assert "worker prefill-0 died" in str(_failure(job, info, cdir.root))
+        polled = lau.poll(state.processes).ok
+        assert not polled["prefill-0"].alive and polled["encoder-0"].alive and polled["decode-0"].alive
+        assert "starting prefill-0 on node2" in polled["prefill-0"].tail
     finally:
-        assert jobs.cancel([job]) == []
+        assert lau.stop(state.processes, grace=5).all_ok
+        lau.release()

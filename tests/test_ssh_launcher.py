@@ -26,12 +26,12 @@ from sshd_nodes import SshdNodes, keygen, known_hosts_line  # noqa: E402
 
 import epdctl  # noqa: E402
 from epdctl.errors import LaunchError  # noqa: E402
-from epdctl.fanout import fanout, raise_if_failed  # noqa: E402
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed  # noqa: E402
 from epdctl.launchers import get_launcher  # noqa: E402
-from epdctl.launchers.base import LaunchSpec  # noqa: E402
+from epdctl.state import ProcessRecord  # noqa: E402
 from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh_nodes import with_overrides  # noqa: E402
-from epdctl.sshconn import SSHConnection, SSHError, SSHOptions, SSHTarget  # noqa: E402
+from epdctl.launchers.ssh.nodes import with_overrides  # noqa: E402
+from epdctl.launchers.ssh.conn import SSHConnection, SSHError, SSHOptions, SSHTarget  # noqa: E402
 
 
 def sleeper(marker: str) -> tuple[str, ...]:
@@ -42,8 +42,24 @@ def sleeper(marker: str) -> tuple[str, ...]:
 
 def launcher(sshd: SshdNodes, opts: SSHOptions, tmp_path: Path, **kw) -> SSHLauncher:
     nodes = kw.pop("nodes", None) or node_access(sshd, kw.pop("setup", ()))
-    return SSHLauncher(nodes=nodes, cluster="t", cluster_dir=tmp_path / "clusters" / "t",
+    return SSHLauncher(tmp_path / "clusters" / "t", nodes=nodes, cluster="t",
                        options=opts, run_root=str(tmp_path / "remote"), **kw)
+
+
+def spec(name: str, role: str, node: str, argv: tuple[str, ...], tmp_path: Path,
+         env: dict[str, str] | None = None) -> ProcessRecord:
+    """A record as `up` makes it: its log is the local mirror in the run folder."""
+    return ProcessRecord(name, role, node, list(argv), env=env or {},
+                         log=str(tmp_path / "clusters" / "t" / "logs" / f"{name}.log"))
+
+
+def started(lau: SSHLauncher, recs: list[ProcessRecord]):  # type: ignore[no-untyped-def]
+    """Start ``recs``; the handles go into the records that started. Returns the Results."""
+    res = lau.start(recs)
+    for r in recs:
+        if r.name in res.ok:
+            r.handle = res.ok[r.name]
+    return res
 
 
 # ---- connections ---------------------------------------------------------------------------
@@ -184,7 +200,7 @@ def test_fanout_over_nodes_reports_the_bad_one_and_the_good_ones(sshd, ssh_optio
 # ---- launcher: preparing nodes -------------------------------------------------------------
 
 def test_registry_knows_ssh(hermetic_ssh):
-    lau = get_launcher("ssh", accept_new_host_keys=True)
+    lau = get_launcher("ssh", accept_new_host_keys=True)  # the one constructor signature
     assert isinstance(lau, SSHLauncher) and lau.options.accept_new_host_keys
     assert lau.options.known_hosts[0] == str(hermetic_ssh.known_hosts)
     assert lau.options.ssh_config is None
@@ -239,28 +255,27 @@ def test_failing_setup_line_and_missing_python(sshd, ssh_options, tmp_path):
 def test_start_poll_kill_behind_back_and_stop(sshd, ssh_options, tmp_path):
     marker = f"epd-h5-{uuid.uuid4().hex}"
     lau = launcher(sshd, ssh_options, tmp_path)
-    specs = [LaunchSpec(f"w{i}", "encoder", n.name, sleeper(marker)) for i, n in enumerate(sshd.nodes)]
-    started = lau.start_many(specs)
-    assert started.all_ok, started.failed
-    handles = list(started.ok.values())
+    handles = [spec(f"w{i}", "encoder", n.name, sleeper(marker), tmp_path)
+               for i, n in enumerate(sshd.nodes)]
+    res = started(lau, handles)
+    assert res.all_ok, res.failed
     try:
         assert len(processes_with(marker)) == 3
         # The node records what it started, pid and ports included.
         rec = json.loads((tmp_path / "remote" / "t" / "node1" / "w1.json").read_text())
-        assert rec["pid"] == started.ok["w1"].pid == rec["pgid"]
+        assert rec["pid"] == res.ok["w1"].pid == rec["pgid"]
         assert os.getsid(rec["pid"]) == rec["pid"]  # own session: detached from ssh
         lau.close()  # every SSH session is gone; the workers must not care
 
-        again = SSHLauncher(cluster_dir=tmp_path / "clusters" / "t", options=ssh_options)
+        again = SSHLauncher(tmp_path / "clusters" / "t", options=ssh_options)
         assert all(s.alive for s in again.poll(handles).ok.values())
-        os.killpg(started.ok["w2"].pgid, signal.SIGKILL)  # behind epdctl's back
-        wait_dead(started.ok["w2"].pid)
+        os.killpg(res.ok["w2"].pgid, signal.SIGKILL)  # behind epdctl's back
+        wait_dead(res.ok["w2"].pid)
         polled = again.poll(handles)
         assert [n for n, s in polled.ok.items() if not s.alive] == ["w2"]
         assert polled.ok["w2"].tail.splitlines()[-1] == "up"
-        assert "=== epdctl: starting w2 on" in handles[2].log.read_text()  # local mirror
-        assert again.is_alive(handles[0]) and not again.is_alive(handles[2])
-        assert again.tail(handles[1]).endswith("\nup")
+        assert "=== epdctl: starting w2 on" in Path(handles[2].log).read_text()  # local mirror
+        assert again.logs(handles[1]).endswith("\nup")
         stopped = again.stop(handles, grace=5)
         assert stopped.all_ok and sorted(stopped.ok) == ["w0", "w1", "w2"]
         assert processes_with(marker) == []
@@ -273,9 +288,11 @@ def test_start_poll_kill_behind_back_and_stop(sshd, ssh_options, tmp_path):
 def test_stop_never_signals_a_process_it_cannot_prove_it_started(sshd, ssh_options, tmp_path):
     marker = f"epd-h5-{uuid.uuid4().hex}"
     with launcher(sshd, ssh_options, tmp_path) as lau:
-        h = lau.start_many([LaunchSpec("w", "decode", "node0", sleeper(marker))]).ok["w"]
+        h = spec("w", "decode", "node0", sleeper(marker), tmp_path)
+        assert started(lau, [h]).all_ok
         try:
-            impostor = replace(h, create_time=h.create_time - 3600)
+            assert h.handle is not None
+            impostor = replace(h, handle=replace(h.handle, create_time=h.handle.create_time - 3600))
             assert lau.poll([impostor]).ok["w"].alive is False  # pid reused, as far as it knows
             assert lau.stop([impostor], grace=1).all_ok
             assert len(processes_with(marker)) == 1
@@ -286,10 +303,10 @@ def test_stop_never_signals_a_process_it_cannot_prove_it_started(sshd, ssh_optio
 
 def test_start_failures_name_node_and_worker_with_log_tail(sshd, ssh_options, tmp_path):
     with launcher(sshd, ssh_options, tmp_path) as lau:
-        res = lau.start_many([
-            LaunchSpec("gone", "prefill", "node1",
-                       ("sh", "-c", "echo 'error: model path /nope does not exist' >&2; exit 2")),
-            LaunchSpec("nocmd", "decode", "node2", ("/no/such/binary", "--x")),
+        res = started(lau, [
+            spec("gone", "prefill", "node1",
+                 ("sh", "-c", "echo 'error: model path /nope does not exist' >&2; exit 2"), tmp_path),
+            spec("nocmd", "decode", "node2", ("/no/such/binary", "--x"), tmp_path),
         ])
     assert res.ok == {}
     assert str(res.failed["gone"]).startswith("[node1/gone] exited with status 2 right after "
@@ -303,12 +320,13 @@ def test_unreachable_node_fails_alone_and_nothing_is_left(sshd, ssh_options, tmp
     nodes = node_access(sshd)
     nodes["node2"] = with_overrides(nodes["node2"], host="127.0.0.97")
     with launcher(sshd, ssh_options, tmp_path, nodes=nodes) as lau:
-        res = lau.start_many([LaunchSpec(f"w{i}", "encoder", f"node{i}", sleeper(marker))
-                              for i in range(3)])
+        lau._prepared = {n: {} for n in nodes}  # nodes prepared earlier: start goes per node
+        recs = [spec(f"w{i}", "encoder", f"node{i}", sleeper(marker), tmp_path) for i in range(3)]
+        res = started(lau, recs)
         assert sorted(res.ok) == ["w0", "w1"]
         assert str(res.failed["w2"]).startswith("[node2] cannot connect to 127.0.0.97:")
         assert len(processes_with(marker)) == 2
-        assert lau.stop(res.ok.values(), grace=5).all_ok
+        assert lau.stop(recs[:2], grace=5).all_ok
     assert processes_with(marker) == []
 
 
@@ -320,19 +338,18 @@ def test_env_is_expanded_here_or_on_the_node_and_values_are_not_stored(
     check = (f'printf %s "$TOKEN" | sha256sum | grep -q {digest} && test "$WHERE" = from-node '
              f'&& echo env-ok; sleep 900')
     with launcher(sshd, ssh_options, tmp_path, setup=("export H5_NODE_ONLY=from-node",)) as lau:
-        res = lau.start_many([
-            LaunchSpec("envy", "encoder", "node0", ("sh", "-c", check),
-                       env={"TOKEN": "${H5_SECRET}", "WHERE": "${H5_NODE_ONLY}"}),
-            LaunchSpec("lost", "encoder", "node1", ("true",), env={"X": "${H5_NOWHERE}"}),
-        ])
+        recs = [spec("envy", "encoder", "node0", ("sh", "-c", check), tmp_path,
+                     env={"TOKEN": "${H5_SECRET}", "WHERE": "${H5_NODE_ONLY}"}),
+                spec("lost", "encoder", "node1", ("true",), tmp_path, env={"X": "${H5_NOWHERE}"})]
+        res = started(lau, recs)
         try:
             assert str(res.failed["lost"]) == (
                 "[node1/lost] cannot start true: environment variable H5_NOWHERE (used by X) "
                 "is set neither on the machine running epdctl nor on this node")
-            h = res.ok["envy"]
+            h = recs[0]
             text = ""
             for _ in range(100):
-                text = lau.tail(h)
+                text = lau.logs(h)
                 if "env-ok" in text:
                     break
             assert text.endswith("env-ok")
@@ -340,7 +357,7 @@ def test_env_is_expanded_here_or_on_the_node_and_values_are_not_stored(
             stored += [p.read_text() for p in (tmp_path / "clusters").rglob("*.json")]
             assert stored and not any("s3cr3t" in s for s in stored)
         finally:
-            assert lau.stop(res.ok.values(), grace=5).all_ok
+            assert lau.stop(recs[:1], grace=5).all_ok
 
 
 def test_launcher_protocol_start_prepares_all_nodes_and_uses_local_mirror(
@@ -348,15 +365,16 @@ def test_launcher_protocol_start_prepares_all_nodes_and_uses_local_mirror(
     marker = f"epd-h5-{uuid.uuid4().hex}"
     cdir = tmp_path / "clusters" / "t"
     with launcher(sshd, ssh_options, tmp_path) as lau:
-        h = lau.start(LaunchSpec("w", "encoder", "node2", sleeper(marker)), cdir / "logs" / "w.log")
+        h = spec("w", "encoder", "node2", sleeper(marker), tmp_path)
+        assert started(lau, [h]).all_ok
         try:
             assert sorted(lau._prepared) == ["node0", "node1", "node2"]
-            assert h.log == cdir / "logs" / "w.log" and h.node == "node2"
-            assert lau.is_alive(h)
+            assert h.log == str(cdir / "logs" / "w.log") and h.node == "node2"
+            assert lau.poll([h]).ok["w"].alive
         finally:
             assert lau.stop([h]).all_ok
-        assert not lau.is_alive(h)
-        assert h.log.read_text().splitlines()[-1] == "up"
+        assert not lau.poll([h]).ok["w"].alive
+        assert Path(h.log).read_text().splitlines()[-1] == "up"
     assert processes_with(marker) == []
 
 
@@ -364,8 +382,8 @@ def test_follow_streams_new_lines_of_the_remote_log(sshd, ssh_options, tmp_path)
     marker = f"epd-h5-{uuid.uuid4().hex}"
     script = "echo one; sleep 1; echo two; sleep 1; echo three; sleep 900"
     with launcher(sshd, ssh_options, tmp_path) as lau:
-        h = lau.start_many([LaunchSpec("chatty", "decode", "node1",
-                                       ("sh", "-c", script, marker))]).ok["chatty"]
+        h = spec("chatty", "decode", "node1", ("sh", "-c", script, marker), tmp_path)
+        assert started(lau, [h]).all_ok
         try:
             seen = []
             for line in lau.follow(h, lines=10, idle_timeout=60):

@@ -12,15 +12,16 @@ import pytest
 
 from epdctl.errors import StateError
 from epdctl.state import (
-    ClusterDir, ClusterState, ProcessRecord, check_name, list_clusters, resolve_cluster,
+    ClusterDir, ClusterState, Handle, ProcessRecord, check_name, list_clusters, resolve_cluster,
 )
 
 
 def _record(name: str = "prefill-0", pid: int = 4242) -> ProcessRecord:
     return ProcessRecord(
         name=name, role="prefill", node="local", host="127.0.0.1", port=34001,
-        url="http://127.0.0.1:34001", pid=pid, pgid=pid, create_time=1.5, log="/tmp/x.log",
-        since=2.5, argv=["python", "-m", "epdctl.runtime", "prefill"], bootstrap_port=34002,
+        url="http://127.0.0.1:34001", handle=Handle(pid=pid, pgid=pid, create_time=1.5),
+        log="/tmp/x.log", since=2.5, argv=["python", "-m", "epdctl.runtime", "prefill"],
+        bootstrap_port=34002, engine="embedded", node_rank=0, nnodes=2,
     )
 
 
@@ -48,10 +49,10 @@ def test_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     cd.save(ClusterState(name="demo", topology="t.yaml", launcher="local"))
     writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from pathlib import Path
-        from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+        from epdctl.state import ClusterDir, ClusterState, Handle, ProcessRecord
         cd = ClusterDir("demo", Path({str(tmp_path)!r}))
         recs = [ProcessRecord(name=f"w{{i}}", role="decode", node="n", host="h", port=i,
-                url="u", pid=i, pgid=i, create_time=0.0, log="l", since=0.0, argv=["x"] * 50)
+                url="u", handle=Handle(pid=i, pgid=i), log="l", since=0.0, argv=["x"] * 50)
                 for i in range(300)]
         for _ in range(100):
             cd.save(ClusterState(name="demo", topology="t.yaml", launcher="local",
@@ -103,7 +104,7 @@ def test_lock_is_exclusive_within_one_process_too(tmp_path: Path) -> None:
     ("{not json", "Expecting"),
     ("[1, 2]", "not an object"),
     ('{"version": 99}', "unknown state version"),
-    ('{"version": 1, "name": "x", "topology": "t", "launcher": "l", "processes": [{"pid": 1}]}',
+    ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": [{"pid": 1}]}',
      "missing"),
 ])
 def test_corrupt_state_gives_a_clear_error(tmp_path: Path, content: str, why: str) -> None:
@@ -146,3 +147,41 @@ def test_state_dir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cd = ClusterDir("demo")
     assert cd.root == tmp_path / "st" / "clusters" / "demo"
     assert cd.log("encoder-0") == cd.root / "logs" / "encoder-0.log"
+
+
+def test_a_version_1_state_is_read_with_engine_rank_and_handle(tmp_path: Path) -> None:
+    """State written before the one-record state: flat pid/pgid/create_time, no engine or rank;
+    `status` and `down` must still work on a cluster started by that version."""
+    topo = tmp_path / "t.yaml"
+    topo.write_text("name: x\nengine: sglang\n")
+    old = {"version": 1, "name": "x", "topology": str(topo), "launcher": "local",
+           "phase": "running", "created": 1.0, "api_key_env": None, "model": "m",
+           "processes": [{"name": n, "role": "prefill", "node": "a", "host": "h", "port": 1,
+                          "url": "http://h:1", "pid": 10 + i, "pgid": 10 + i,
+                          "create_time": 3.5, "log": "l", "since": 4.0, "argv": ["x"],
+                          "health_path": "/health", "bootstrap_port": None,
+                          "is_leader": i == 0, "router_id": None}
+                         for i, n in enumerate(["prefill-0", "prefill-0.r1"])]}
+    cd = ClusterDir("x", tmp_path)
+    cd.root.mkdir(parents=True)
+    cd.state_file.write_text(json.dumps(old))
+    st = cd.load()
+    assert st is not None and st.version == 2 and st.engine == "sglang"
+    r0, r1 = st.processes
+    assert r1.handle == Handle(pid=11, pgid=11, create_time=3.5)
+    assert (r1.worker, r1.node_rank, r1.engine) == ("prefill-0", 1, "sglang")
+    assert [r.name for r in st.ranks("prefill-0")] == ["prefill-0", "prefill-0.r1"]
+
+
+def test_a_record_is_built_from_the_plan_without_parsing_names() -> None:
+    from epdctl.render import build_plan
+    from epdctl.topology import load_topology
+
+    root = Path(__file__).resolve().parents[1]
+    plan = build_plan(load_topology(root / "topologies" / "local.yaml"))
+    recs = [ProcessRecord.of(w, plan.engine) for w in plan.workers]
+    assert {(r.name, r.worker, r.node_rank, r.engine) for r in recs} >= {
+        ("prefill-0", "prefill-0", 0, "embedded")}
+    assert plan.router is not None
+    router = ProcessRecord.of(plan.router, plan.engine)
+    assert router.name == "router" and router.prometheus_port == plan.router.prometheus_port

@@ -20,9 +20,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from epdctl import token_canary
-from epdctl.encoder_canary import encoder_counts
-from epdctl.token_canary import FAKE_BOOTSTRAP_HOST, check_pair
+from epdctl.canary import tokens as token_canary
+from epdctl.canary.encoders import encoder_counts
+from epdctl.canary.tokens import FAKE_BOOTSTRAP_HOST, check_pair
 
 FIX = Path(__file__).parent / "fixtures" / "sglang"
 PROMPT_IDS = [11, 12, 13]
@@ -206,14 +206,18 @@ def test_kv_counter_falls_back_to_the_embedded_series() -> None:
         srv.shutdown()
 
 
-def test_check_canary_picks_the_engine_from_recorded_command_lines() -> None:
-    from types import SimpleNamespace as NS
+def test_check_canary_takes_the_engine_from_the_state_not_from_command_lines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vLLM cluster is refused by its recorded engine, whatever its argv looks like."""
+    from click.testing import CliRunner
 
-    from epdctl.commands.check_canary import engine_of
+    from epdctl.cli import cli
+    from epdctl.state import ClusterDir, ClusterState, ProcessRecord
 
-    def w(*argv: str) -> NS:
-        return NS(argv=list(argv))
-
-    assert engine_of([w("python", "-m", "epdctl.runtime", "prefill")]) == "embedded"
-    assert engine_of([w("python3", "-m", "sglang.launch_server", "--model-path", "/m")]) == "sglang"
-    assert engine_of([w("vllm", "serve", "/m")]) == "vllm"
+    monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path))
+    ClusterDir("v").save(ClusterState(name="v", topology="t.yaml", launcher="local",
+                                      engine="vllm", processes=[ProcessRecord(
+                                          "prefill-0", "prefill", "n",
+                                          argv=["python", "-m", "sglang.launch_server"])]))
+    out = CliRunner().invoke(cli, ["check", "--canary", "v"])
+    assert out.exit_code != 0 and "runs vllm" in (out.output + str(out.exception))

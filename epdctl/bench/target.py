@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epdctl.bench.client import Target, discover_model
-from epdctl.bench.scrape import Endpoint
+from epdctl.metrics import Endpoint
 from epdctl.errors import EpdctlError
 from epdctl.state import ClusterState, resolve_cluster
 
@@ -28,21 +28,13 @@ class Resolved:
     state: ClusterState | None = None
 
 
-def _argv_value(argv: list[str], flag: str) -> str | None:
-    for i, a in enumerate(argv[:-1]):
-        if a == flag:
-            return argv[i + 1]
-    return None
-
-
 def cluster_endpoints(state: ClusterState) -> list[Endpoint]:
-    """Every worker's /metrics and the router's Prometheus page (from its command line)."""
+    """Every worker's /metrics and the router's Prometheus page (its recorded port)."""
     eps = [Endpoint(p.name, p.role, p.url.rstrip("/") + "/metrics")
            for p in state.workers if p.is_leader]
     r = state.router
     if r is not None:
-        port = _argv_value(r.argv, "--prometheus-port")
-        host = _argv_value(r.argv, "--prometheus-host") or r.host
+        port, host = r.prometheus_port, r.host
         if port:
             if host in ("0.0.0.0", "::"):
                 host = "127.0.0.1"

@@ -100,7 +100,7 @@ def check(topology: str | None, canary: bool, with_links: bool, as_json: bool, t
     With --canary, check a running cluster's transfers pair by pair instead.
     """
     if canary:
-        from epdctl.commands.check_canary import check_canary
+        from epdctl.commands.canary import check_canary
 
         check_canary(topology, as_json)
         return

@@ -13,12 +13,13 @@ import click
 
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
-from epdctl.launchers.lifecycle import BringUp, tear_down, to_handle
+from epdctl.launchers.lifecycle import BringUp, tear_down
 from epdctl.launchers.observe import observe
 from epdctl.prometheus_sd import register as register_sd
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 from epdctl.topology.schema import LAUNCHERS
 
+from epdctl.commands.args import cluster_arg as _cluster_arg
 from epdctl.commands.preflight_gate import preflight_before_up
 from epdctl.commands.render_status import Progress, render_status
 
@@ -41,15 +42,6 @@ def _load_plan(path: Path) -> tuple[Any, Any]:
 
     topo = load_topology(path)
     return topo, build_plan(topo)
-
-
-def _cluster_arg(arg: str | None) -> str | None:
-    """CLUSTER or TOPOLOGY file -> cluster name (a topology's cluster is named after it)."""
-    if arg and (arg.endswith((".yaml", ".yml")) or "/" in arg) and Path(arg).is_file():
-        from epdctl.topology import load_topology
-
-        return load_topology(Path(arg)).name
-    return arg
 
 
 def _check_ports_free(plan: Any) -> None:
@@ -75,25 +67,20 @@ def _check_ports_free(plan: Any) -> None:
                           "topology's ports")
 
 
-def _close(launcher: Any) -> None:
-    """Release a launcher's connections (ssh); the local launcher holds none."""
-    close = getattr(launcher, "close", None)
-    if close is not None:
-        close()
-
-
 def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
     old = cdir.load()
     if old is None:
         return
-    alive = [p.name for p in old.processes if launcher.is_alive(to_handle(p))]
+    polled = launcher.poll(old.processes)
+    alive = [n for n, st in polled.ok.items() if st.alive] + list(polled.failed)
     if alive:
         raise LaunchError(
             f"cluster {cdir.name!r} is already running ({len(alive)} of "
-            f"{len(old.processes)} processes alive: {', '.join(alive)}); see "
+            f"{len(old.processes)} processes alive or unreachable: {', '.join(alive)}); see "
             f"`epdctl status {cdir.name}`, or stop it with `epdctl down {cdir.name}` first")
     click.echo(f"note: cluster {cdir.name!r} was recorded but none of its processes is "
                "alive; starting afresh")
+    launcher.release()
     cdir.clear()
 
 
@@ -103,7 +90,8 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
               help="How to start workers (default: the topology's launcher).")
 @click.option("--no-canary", is_flag=True, help="Skip the post-launch test request.")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
-              help="Seconds each role may take to become healthy.")
+              help="Seconds the cluster may take to become healthy (every role starts at "
+                   "once).")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="ssh launcher: trust and record the host keys of nodes never seen before "
                    "(check their fingerprints first); a changed key is always refused.")
@@ -115,8 +103,8 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
               help=_SD_HELP)
 def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float,
        accept_new_host_keys: bool, force: bool, skip_preflight: bool, prometheus_sd: Path | None) -> None:
-    """Preflight TOPOLOGY's nodes, start every worker and the router role by role, then run a
-    canary."""
+    """Preflight TOPOLOGY's nodes, start every worker and the router at once, wait for all,
+    then run a canary."""
     topo, plan = _load_plan(topology)
     name = launcher_name or getattr(topo, "launcher", None) or "local"
     if name not in launcher_names():
@@ -127,17 +115,15 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     if api_key_env and not os.environ.get(api_key_env):
         raise LaunchError(f"the router's API key variable {api_key_env} (router.api_key_env in "
                           f"{topology}) is not set; export it before `epdctl up`")
-    extra = {"accept_new_host_keys": True} if accept_new_host_keys else {}
-    launcher = (get_launcher(name) if name == "local"
-                else get_launcher(name, topology=topo, cluster_dir=cdir.root, **extra))
+    launcher = get_launcher(name, cdir.root, topo, accept_new_host_keys)
     try:
         with cdir.lock("up"):
             _refuse_if_running(cdir, launcher)
             preflight_before_up(topo, plan, name, force=force, skip=skip_preflight)
-            if name == "local":
+            if launcher.runs_here:
                 _check_ports_free(plan)
             state = ClusterState(name=topo.name, topology=str(topology.resolve()),
-                                 launcher=name, api_key_env=api_key_env,
+                                 launcher=name, engine=topo.engine, api_key_env=api_key_env,
                                  model=topo.model.served_name)
             if prometheus_sd is not None:
                 register_sd(cdir, prometheus_sd, state)
@@ -145,20 +131,15 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
             t0 = time.monotonic()
-            if name == "slurm":  # one batch job for the whole cluster, followed to ready
-                from epdctl.slurm.launcher import slurm_up
-
-                slurm_up(topo, plan, cdir, state, timeout=timeout, on_event=Progress())
-            else:
-                BringUp(plan, launcher, cdir, state, timeout=timeout, on_event=Progress()).run()
+            BringUp(launcher, cdir, state, timeout=timeout, on_event=Progress()).run(plan)
     finally:
-        _close(launcher)
+        launcher.close()
     click.secho(f"cluster {topo.name} is up in {time.monotonic() - t0:.1f}s", fg="green")
     if plan.router:
         click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")
     if no_canary or plan.router is None:
         return
-    from epdctl.commands.up_canary import run_up_canary
+    from epdctl.commands.canary import run_up_canary
 
     run_up_canary(plan, topo, api_key_env)
 
@@ -188,11 +169,11 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
             click.echo(f"wrote {n} Prometheus target(s) to {prometheus_sd} (kept current by up/rebalance/down)",
                        err=True)
             prometheus_sd = None
-        launcher = get_launcher(state.launcher)
+        launcher = get_launcher(state.launcher, cdir.root)
         try:
             view = observe(state, launcher, tail_lines=lines)
         finally:
-            _close(launcher)
+            launcher.close()
         if as_json:
             click.echo(json.dumps(view.to_dict(), indent=2))
         else:
@@ -228,14 +209,15 @@ def down(cluster: str | None, grace: float) -> None:
             return
         state.phase = "stopping"
         cdir.save(state)
-        launcher = get_launcher(state.launcher)
+        launcher = get_launcher(state.launcher, cdir.root)
         click.echo(f"stopping cluster {state.name} ({len(state.processes)} processes) ...")
         t0 = time.monotonic()
         try:
             res = tear_down(state, launcher, grace=grace)
-            left = [p.name for p in state.processes if launcher.is_alive(to_handle(p))]
+            polled = launcher.poll(state.processes)
+            left = [n for n, st in polled.ok.items() if st.alive] + list(polled.failed)
         finally:
-            _close(launcher)
+            launcher.close()
         if left or not res.all_ok:
             res.raise_if_failed(f"stopping cluster {state.name}")
             raise LaunchError(f"still running after down: {', '.join(left)}; run "
@@ -273,8 +255,8 @@ def logs(worker: str | None, cluster: str | None, follow: bool, lines: int) -> N
 
     cdir = _log_dir_cluster(_cluster_arg(cluster))
     state = cdir.load()
-    if state is not None and state.launcher == "ssh":
-        _remote_logs(state, worker, follow, lines)
+    if state is not None:
+        _live_logs(cdir, state, worker, follow, lines)
         return
     available = sorted(p.stem for p in cdir.log_dir.glob("*.log"))
     if worker is not None and worker not in available:
@@ -290,27 +272,30 @@ def logs(worker: str | None, cluster: str | None, follow: bool, lines: int) -> N
         _follow({w: cdir.log(w) for w in chosen}, prefix)
 
 
-def _remote_logs(state: ClusterState, worker: str | None, follow: bool, lines: int) -> None:
-    """Logs of a running ssh cluster, read on the nodes (local files are only mirrors)."""
+def _live_logs(cdir: ClusterDir, state: ClusterState, worker: str | None, follow: bool,
+               lines: int) -> None:
+    """Logs of a recorded cluster, read where its launcher writes them (ssh: on the nodes)."""
     recs = {p.name: p for p in state.processes}
     if worker is not None and worker not in recs:
         raise EpdctlError(f"no worker {worker!r} in cluster {state.name!r}; "
                           f"known: {', '.join(recs) or 'none'}")
     chosen = [worker] if worker else list(recs)
-    if follow and len(chosen) > 1:
-        raise EpdctlError("--follow on an ssh cluster follows one worker: name it "
+    launcher = get_launcher(state.launcher, cdir.root)
+    if follow and len(chosen) > 1 and not launcher.runs_here:
+        raise EpdctlError(f"--follow on a {state.launcher} cluster follows one worker: name it "
                           f"(one of {', '.join(recs)})")
-    launcher = get_launcher(state.launcher)
     prefix = len(chosen) > 1
     try:
         for w in chosen:
-            for ln in launcher.tail(to_handle(recs[w]), lines).splitlines():
+            for ln in launcher.logs(recs[w], lines).splitlines():
                 click.echo(f"[{w}] {ln}" if prefix else ln)
-        if follow:
-            for ln in launcher.follow(to_handle(recs[chosen[0]])):
+        if follow and len(chosen) == 1:
+            for ln in launcher.follow(recs[chosen[0]]):
                 click.echo(ln)
+        elif follow:
+            _follow({w: Path(recs[w].log) for w in chosen}, prefix)
     finally:
-        _close(launcher)
+        launcher.close()
 
 
 def _follow(paths: dict[str, Path], prefix: bool) -> None:

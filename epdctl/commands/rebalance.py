@@ -14,7 +14,7 @@ from epdctl.state import ClusterDir, ClusterState, resolve_cluster
 
 
 def _cluster(arg: str | None) -> tuple[ClusterDir, ClusterState]:
-    from epdctl.commands.cluster import _cluster_arg
+    from epdctl.commands.args import cluster_arg as _cluster_arg
 
     cdir = resolve_cluster(_cluster_arg(arg))
     state = cdir.load()
@@ -63,14 +63,11 @@ def _execute(cdir: ClusterDir, rp: Any, request: dict[str, Any], opts: Any) -> d
         state = cdir.load()
         if state is None:
             raise StateError(f"cluster {cdir.name!r} was stopped while the rebalance was planned")
-        launcher = (get_launcher(state.launcher) if state.launcher == "local" else
-                    get_launcher(state.launcher, topology=rp.before, cluster_dir=cdir.root))
+        launcher = get_launcher(state.launcher, cdir.root, rp.before)
         try:
             return Executor(rp, cdir, state, launcher, opts, on_step=_on_step).run(request)
         finally:
-            close = getattr(launcher, "close", None)
-            if close is not None:
-                close()
+            launcher.close()
 
 
 def _report(rec: dict[str, Any]) -> None:
@@ -127,10 +124,11 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
     from epdctl.rebalance.plan import parse_delta, plan_rebalance
 
     cdir, state = _cluster(cluster)
-    if state.launcher not in ("local", "ssh"):
-        raise EpdctlError(f"cluster {state.name!r} runs under the {state.launcher} launcher, "
-                          "which starts the whole cluster as one job and cannot restart a single "
-                          "worker; rebalance works for local and ssh clusters")
+    if any(p.handle is not None and p.handle.job and p.handle.step is None
+           for p in state.processes):
+        raise EpdctlError(f"cluster {state.name!r} was started as one SLURM batch job by an "
+                          "older epdctl, which cannot restart a single worker; `epdctl down` it "
+                          "and `epdctl up` it again to rebalance it")
     topo = current_topology(cdir, state)
     opts = Options(engine=topo.engine, model=state.model, api_key_env=state.api_key_env,
                    ready_timeout=timeout, drain_timeout=drain_timeout, verify=not no_verify)
@@ -202,7 +200,7 @@ def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: 
 @click.option("--json", "as_json", is_flag=True, help="One JSON record per line.")
 def history(cluster: str | None, as_json: bool) -> None:
     """Every rebalance of CLUSTER: who, when, what moved, outcome and step durations."""
-    from epdctl.commands.cluster import _cluster_arg
+    from epdctl.commands.args import cluster_arg as _cluster_arg
     from epdctl.rebalance import history as hist
 
     name = _cluster_arg(cluster)

@@ -1,7 +1,15 @@
-"""What every launcher offers: start a process from a spec, tell if it lives, stop it.
+"""The launcher contract: start, poll and stop MANY processes per call, read one's log.
 
-A launcher returns values and raises ``LaunchError``; it never prints. Operations over many
-workers return a ``Results`` map so that one failing worker never hides the others.
+Every operation takes a batch of ``ProcessRecord`` (the state's one record per process) and
+returns a ``Results`` map, Fabric style: each process's result or exception, so one failing
+worker never hides the others and one call costs one round trip per node (ssh), one
+``squeue`` (slurm) or one process-table scan (local). A launcher returns values and raises
+``LaunchError``; it never prints. Every launcher is built the same way::
+
+    launcher = get_launcher(name, cluster_dir, topology, accept_new_host_keys=False)
+
+``topology`` is needed only to start processes (`up`, `rebalance`); `status`, `logs` and `down`
+build the launcher from the run folder alone.
 """
 
 from __future__ import annotations
@@ -10,54 +18,35 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Iterable, Mapping, Protocol, TypeVar
+from typing import Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from epdctl.errors import LaunchError
+from epdctl.state import Handle, ProcessRecord
 
 T = TypeVar("T")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# What a worker inherits from the launching shell besides the variables its topology names:
+# enough to find programs and libraries, a home, a locale, a temp dir, the proxy-free network.
+# The operator's other variables (tokens, cloud credentials ...) never reach a worker.
+BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR",
+            "TERM", "SHELL", "VIRTUAL_ENV", "LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES",
+            "CUDA_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS",
+            "SSL_CERT_FILE", "SLURM_CONF")
+BASE_ENV_PREFIXES = ("EPDCTL_", "NCCL_", "MC_", "SGLANG_", "VLLM_")
 
 
 @dataclass(frozen=True)
-class LaunchSpec:
-    """One process to start: a worker or the router, as the plan rendered it."""
+class Status:
+    """What ``poll`` saw for one process."""
 
-    name: str
-    role: str
-    node: str
-    argv: tuple[str, ...]
-    env: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, spec: Any, role: str | None = None) -> "LaunchSpec":
-        """Adapt a plan ``WorkerSpec`` or ``RouterSpec`` (read by attribute)."""
-        return cls(
-            name=getattr(spec, "name", None) or "router",
-            role=role or spec.role,
-            node=spec.node,
-            argv=tuple(spec.argv),
-            env=dict(spec.env or {}),
-        )
-
-
-@dataclass(frozen=True)
-class Handle:
-    """A started process: enough to find, signal and read it again from another shell."""
-
-    name: str
-    role: str
-    node: str
-    pid: int
-    pgid: int
-    create_time: float
-    log: Path
-    since: float
-    argv: tuple[str, ...]
+    alive: bool
+    exit_code: int | str | None = None    # when the launcher knows it
+    tail: str = ""                       # last lines of the log of a dead process
 
 
 @dataclass
 class Results(Generic[T]):
-    """Per-worker outcome of an operation over many workers."""
+    """Per-process outcome of an operation over many processes."""
 
     ok: dict[str, T] = field(default_factory=dict)
     failed: dict[str, Exception] = field(default_factory=dict)
@@ -67,7 +56,12 @@ class Results(Generic[T]):
         return not self.failed
 
     def raise_if_failed(self, what: str) -> None:
-        """One LaunchError listing every failed worker as ``[name] reason``."""
+        """One LaunchError listing every failure as ``[name] reason`` (a single failure that
+        already names its ``[node/worker]`` is raised as it is)."""
+        if len(self.failed) == 1:
+            name, err = next(iter(self.failed.items()))
+            if str(err).startswith("["):
+                raise LaunchError(str(err))
         if self.failed:
             lines = "\n".join(f"  [{n}] {e}" for n, e in self.failed.items())
             raise LaunchError(f"{what} failed for {len(self.failed)} worker(s):\n{lines}")
@@ -77,18 +71,58 @@ class Launcher(Protocol):
     """The seam between the commands and a way to run processes (local, ssh, slurm)."""
 
     name: str
+    runs_here: bool      # processes bind on this machine: their ports can be checked here
 
-    def start(self, spec: LaunchSpec, log: Path) -> Handle:
-        """Start ``spec`` detached in its own process group, output appended to ``log``."""
+    def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
+        """Start every record detached (own process group / own job step), output appended to
+        ``rec.log``; one result per record name. The caller stores the handles."""
         ...
 
-    def is_alive(self, handle: Handle) -> bool:
-        """True while any process of the handle's group is still running."""
+    def poll(self, recs: Sequence[ProcessRecord]) -> Results[Status]:
+        """Alive or not, per record (a node that cannot be asked is a failure, not 'dead')."""
         ...
 
-    def stop(self, handles: Iterable[Handle], grace: float = 10.0) -> Results[None]:
-        """SIGTERM every group, then SIGKILL what is left after ``grace`` seconds."""
+    def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
+        """TERM every process, KILL what is left after ``grace`` seconds, confirm."""
         ...
+
+    def logs(self, rec: ProcessRecord, lines: int = 40) -> str:
+        """The last ``lines`` of the process's log, wherever it is written."""
+        ...
+
+    def follow(self, rec: ProcessRecord) -> Iterator[str]:
+        """New log lines as they come, until the caller stops."""
+        ...
+
+    def place(self, text: str) -> str:
+        """A planned address (in a URL, a host, a flag) -> where the launcher put it: the
+        allocated node's address on SLURM; unchanged for local and ssh."""
+        ...
+
+    def release(self) -> None:
+        """After `down` stopped every process: give back what `up` acquired (a SLURM
+        allocation epdctl submitted). Nothing for local and ssh."""
+        ...
+
+    def close(self) -> None:
+        """Drop connections (ssh); the cluster keeps running."""
+        ...
+
+
+def worker_env(spec_env: Mapping[str, str], where: str,
+               source: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a worker starts with: the documented base set from ``source`` (this
+    shell) plus the topology's variables, ``${VAR}`` references resolved."""
+    source = os.environ if source is None else source
+    env = {k: v for k, v in source.items()
+           if k in BASE_ENV or k.startswith(BASE_ENV_PREFIXES)}
+    env.update(expand_env(spec_env, where, source))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def by_name(recs: Sequence[ProcessRecord]) -> dict[str, ProcessRecord]:
+    return {r.name: r for r in recs}
 
 
 def expand_env(env: Mapping[str, str], where: str, source: Mapping[str, str] | None = None

@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterator, Sequence
 
 import psutil
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import Handle, LaunchSpec, Results, expand_argv, expand_env, tail
+from epdctl.launchers.base import Results, Status, expand_argv, tail, worker_env
+from epdctl.state import Handle, ProcessRecord
 
 logger = logging.getLogger(__name__)
 _PYTHONS = {"python", "python3", sys.executable}
@@ -51,23 +52,98 @@ def resolve_argv(argv: tuple[str, ...]) -> list[str]:
 
 
 class LocalLauncher:
-    """Start/stop processes on this machine with subprocess; state lives in Handles."""
+    """Start/stop processes on this machine with subprocess; the state lives in records."""
 
     name = "local"
+    runs_here = True
+    settle = 0.2       # seconds after a batch start before checking that nothing died at once
 
-    def __init__(self, settle: float = 0.2):
-        self.settle = settle
+    def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
+                 accept_new_host_keys: bool = False):
+        self.cluster_dir = cluster_dir
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
-    def start(self, spec: LaunchSpec, log: Path) -> Handle:
-        argv = resolve_argv(spec.argv)  # recorded as is: ${VAR} references, never values
-        real_argv = expand_argv(argv, spec.name)
-        env = dict(os.environ)
-        env.update(expand_env(spec.env, spec.name))
-        env.setdefault("PYTHONUNBUFFERED", "1")
+    # ---- contract ------------------------------------------------------------------------
+
+    def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
+        res: Results[Handle] = Results()
+        for rec in recs:
+            try:
+                res.ok[rec.name] = self._start_one(rec)
+            except LaunchError as e:
+                res.failed[rec.name] = e
+        if self.settle > 0 and res.ok:
+            time.sleep(self.settle)
+            for rec in recs:
+                h = res.ok.get(rec.name)
+                if h is not None and not self._members(h):
+                    del res.ok[rec.name]
+                    res.failed[rec.name] = self._died(rec, h, "right after start")
+        return res
+
+    def poll(self, recs: Sequence[ProcessRecord]) -> Results[Status]:
+        res: Results[Status] = Results()
+        groups = self._groups()
+        for rec in recs:
+            h = rec.handle
+            alive = h is not None and bool(self._live(h, groups))
+            if alive or h is None:
+                res.ok[rec.name] = Status(alive)
+            else:
+                res.ok[rec.name] = Status(False, self.exit_code(h), tail(Path(rec.log), 20))
+        return res
+
+    def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
+        """SIGTERM all groups at once, wait up to ``grace``, SIGKILL stragglers, confirm."""
+        res: Results[None] = Results()
+        live = []
+        for rec in recs:
+            try:
+                if rec.handle is not None and self._signal(rec.handle, signal.SIGTERM):
+                    live.append(rec)
+            except LaunchError as e:
+                res.failed[rec.name] = e
+        live = self._wait_gone(live, grace)
+        for rec in live:
+            logger.warning("%s did not stop within %.0fs; sending SIGKILL", rec.name, grace)
+            assert rec.handle is not None
+            self._signal(rec.handle, signal.SIGKILL)
+        still = self._wait_gone(live, 5.0)
+        for rec in recs:
+            if rec in still:
+                assert rec.handle is not None
+                pids = ", ".join(str(p.pid) for p in self._members(rec.handle))
+                res.failed[rec.name] = LaunchError(
+                    f"[{rec.node}/{rec.name}] processes {pids} survived SIGKILL")
+            elif rec.name not in res.failed:
+                res.ok[rec.name] = None
+        return res
+
+    def logs(self, rec: ProcessRecord, lines: int = 40) -> str:
+        return tail(Path(rec.log), lines)
+
+    def follow(self, rec: ProcessRecord) -> Iterator[str]:
+        return follow_file(Path(rec.log))
+
+    def place(self, text: str) -> str:
+        return text
+
+    def release(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    # ---- one process ---------------------------------------------------------------------
+
+    def _start_one(self, rec: ProcessRecord) -> Handle:
+        argv = resolve_argv(tuple(rec.argv))
+        real_argv = expand_argv(argv, rec.name)
+        env = worker_env(rec.env, rec.name)
+        log = Path(rec.log)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            out.write(f"=== epdctl: starting {spec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')}"
+            out.write(f"=== epdctl: starting {rec.name} at {time.strftime('%Y-%m-%d %H:%M:%S')}"
                       f" ===\n".encode())
             out.flush()
             try:
@@ -76,96 +152,66 @@ class LocalLauncher:
                     env=env, start_new_session=True, close_fds=True,
                 )
             except OSError as e:
-                raise LaunchError(f"[{spec.node}/{spec.name}] cannot start {argv[0]}: {e}") from e
+                raise LaunchError(f"[{rec.node}/{rec.name}] cannot start {argv[0]}: {e}") from e
         self._children[proc.pid] = proc
         try:
             ctime = psutil.Process(proc.pid).create_time()
         except psutil.NoSuchProcess:
             ctime = time.time()
-        handle = Handle(name=spec.name, role=spec.role, node=spec.node, pid=proc.pid,
-                        pgid=proc.pid, create_time=ctime, log=log, since=time.time(),
-                        argv=tuple(argv))
-        logger.debug("started %s pid %d", spec.name, proc.pid)
-        if self.settle > 0:
-            time.sleep(self.settle)
-            self.raise_if_dead(handle)
-        return handle
+        logger.debug("started %s pid %d", rec.name, proc.pid)
+        return Handle(pid=proc.pid, pgid=proc.pid, create_time=ctime)
 
-    def exit_code(self, handle: Handle) -> int | None:
+    def exit_code(self, h: Handle) -> int | None:
         """The leader's exit status when this launcher started it and it has exited."""
-        proc = self._children.get(handle.pid)
+        proc = self._children.get(h.pid)
         return proc.poll() if proc is not None else None
 
-    def raise_if_dead(self, handle: Handle, n: int = 20) -> None:
-        """LaunchError with the exit status and the log tail if the worker is gone."""
-        if self.is_alive(handle):
-            return
-        code = self.exit_code(handle)
+    def _died(self, rec: ProcessRecord, h: Handle, when: str) -> LaunchError:
+        code = self.exit_code(h)
         how = f"exited with status {code}" if code is not None else "is no longer running"
-        text = tail(handle.log, n)
-        raise LaunchError(
-            f"[{handle.node}/{handle.name}] {how}; last lines of {handle.log}:\n{text}"
-        )
+        return LaunchError(f"[{rec.node}/{rec.name}] {how} {when}; last lines of {rec.log}:\n"
+                           f"{tail(Path(rec.log), 20)}")
 
-    def members(self, handle: Handle) -> list[psutil.Process]:
-        """Live processes of the handle's group that epdctl can prove it started."""
+    def _groups(self) -> dict[int, list[tuple[psutil.Process, float]]]:
+        """One scan of the process table: pgid -> live (process, create time)."""
         self._reap()
-        found: list[psutil.Process] = []
+        out: dict[int, list[tuple[psutil.Process, float]]] = {}
         for p in psutil.process_iter(["create_time", "status"]):
             try:
                 if p.info["status"] == psutil.STATUS_ZOMBIE:
                     continue
-                if p.info["create_time"] + 0.05 < handle.create_time:
-                    continue
-                if os.getpgid(p.pid) == handle.pgid:
-                    found.append(p)
+                out.setdefault(os.getpgid(p.pid), []).append((p, p.info["create_time"]))
             except (ProcessLookupError, psutil.Error):
                 continue
-        return found
+        return out
 
-    def is_alive(self, handle: Handle) -> bool:
-        return bool(self.members(handle))
+    @staticmethod
+    def _live(h: Handle, groups: dict[int, list[tuple[psutil.Process, float]]]
+              ) -> list[psutil.Process]:
+        """Members of the handle's group that epdctl can prove it started (pid-reuse guard)."""
+        return [p for p, ct in groups.get(h.pgid, []) if ct + 0.05 >= h.create_time]
 
-    def stop(self, handles: Iterable[Handle], grace: float = 10.0) -> Results[None]:
-        """SIGTERM all groups at once, wait up to ``grace``, SIGKILL stragglers, confirm."""
-        handles = list(handles)
-        res: Results[None] = Results()
-        live = [h for h in handles if self._signal(h, signal.SIGTERM)]
-        for h in handles:
-            if h not in live:
-                res.ok[h.name] = None
-        live = self._wait_gone(live, grace)
-        for h in live:
-            logger.warning("%s did not stop within %.0fs; sending SIGKILL", h.name, grace)
-            self._signal(h, signal.SIGKILL)
-        still = self._wait_gone(live, 5.0)
-        for h in handles:
-            if h in still:
-                pids = ", ".join(str(p.pid) for p in self.members(h))
-                res.failed[h.name] = LaunchError(
-                    f"[{h.node}/{h.name}] processes {pids} survived SIGKILL")
-            elif h.name not in res.ok:
-                res.ok[h.name] = None
-        return res
+    def _members(self, h: Handle) -> list[psutil.Process]:
+        return self._live(h, self._groups())
 
-    def _signal(self, handle: Handle, sig: int) -> bool:
+    def _signal(self, h: Handle, sig: int) -> bool:
         """Signal the group if it still has members we started; False when it is gone."""
-        if not self.members(handle):
+        if not self._members(h):
             return False
         try:
-            os.killpg(handle.pgid, sig)
+            os.killpg(h.pgid, sig)
         except ProcessLookupError:
             return False
         except PermissionError as e:
-            raise LaunchError(f"[{handle.node}/{handle.name}] cannot signal group "
-                              f"{handle.pgid}: {e}") from e
+            raise LaunchError(f"cannot signal process group {h.pgid}: {e}") from e
         return True
 
-    def _wait_gone(self, handles: list[Handle], timeout: float) -> list[Handle]:
+    def _wait_gone(self, recs: list[ProcessRecord], timeout: float) -> list[ProcessRecord]:
         deadline = time.monotonic() + timeout
-        left = list(handles)
+        left = list(recs)
         while left:
-            left = [h for h in left if self.members(h)]
+            groups = self._groups()
+            left = [r for r in left if r.handle is not None and self._live(r.handle, groups)]
             if not left or time.monotonic() >= deadline:
                 break
             time.sleep(0.1)
@@ -175,3 +221,19 @@ class LocalLauncher:
         """Collect exit statuses of our own children so they do not linger as zombies."""
         for proc in self._children.values():
             proc.poll()
+
+
+def follow_file(path: Path, interval: float = 0.3) -> Iterator[str]:
+    """New lines appended to ``path`` (from its current end), forever."""
+    pos = path.stat().st_size if path.exists() else 0
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            pos += len(chunk)
+            yield from chunk.decode(errors="replace").splitlines()
+        time.sleep(interval)

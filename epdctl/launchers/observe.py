@@ -14,11 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epdctl.bench.scrape import parse_prometheus
+from epdctl.metrics import page
 from epdctl.bench.target import cluster_endpoints
 from epdctl.errors import ProbeError
-from epdctl.launchers.base import Launcher, tail
-from epdctl.launchers.lifecycle import ROLE_ORDER, to_handle
+from epdctl.launchers.base import Launcher, Status
+from epdctl.launchers.lifecycle import ROLE_ORDER
 from epdctl.metrics_summary import role_figures, router_figures, worker_figures
 from epdctl.probes import Load, get_loads, http, probe_health
 from epdctl.routerctl import RouterClient, RouterWorker
@@ -109,31 +109,28 @@ def _router_view(state: ClusterState) -> tuple[dict[str, RouterWorker], bool | N
     return by_url, ready, detail
 
 
-def _scrape(url: str) -> dict[str, float] | None:
-    r = http("GET", url, timeout=3.0)
-    return parse_prometheus(r.body.decode(errors="replace")) if r.ok else None
-
-
 def _router_figures(state: ClusterState) -> dict[str, Any] | None:
     url = next((e.url for e in cluster_endpoints(state) if e.role == "router"), None)
-    samples = _scrape(url) if url else None
+    samples = page(url) if url else None
     return router_figures(samples) if samples is not None else None
 
 
-def _worker_view(rec: ProcessRecord, launcher: Launcher, routed: dict[str, RouterWorker],
+def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, RouterWorker],
                  tail_lines: int) -> WorkerView:
-    alive = launcher.is_alive(to_handle(rec))
+    alive = isinstance(st, Status) and st.alive
     view = WorkerView(name=rec.name, role=rec.role, node=rec.node, pid=rec.pid, url=rec.url,
                       alive=alive, uptime_s=time.time() - rec.since if alive else None,
                       health="dead", healthy=False, log=rec.log)
-    if not alive:
-        view.log_tail = tail(to_handle(rec).log, tail_lines)
+    if isinstance(st, Exception):
+        view.health = f"unknown ({st})"
+    elif not alive:
+        view.log_tail = "\n".join(st.tail.splitlines()[-tail_lines:]) if tail_lines > 0 else ""
     elif rec.is_leader:
         h = probe_health(rec.url, rec.health_path)
         view.health, view.healthy = h.detail, h.ok
         if h.ok and rec.role != "router":
             view.load = get_loads(rec.url)
-            view.metrics = _scrape(rec.url.rstrip("/") + "/metrics")
+            view.metrics = page(rec.url.rstrip("/") + "/metrics")
             if view.metrics is not None:
                 view.figures = worker_figures(rec.role, view.metrics)
     else:
@@ -152,9 +149,11 @@ def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> Cl
                        launcher=state.launcher)
     routed, view.router_ready, view.router_detail = _router_view(state)
     view.router_figures = _router_figures(state)
+    polled = launcher.poll(state.processes)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        rows = pool.map(lambda r: _worker_view(r, launcher, routed, tail_lines),
-                        state.processes)
+        rows = pool.map(lambda r: _worker_view(
+            r, polled.ok.get(r.name) or polled.failed[r.name], routed, tail_lines),
+            state.processes)
         view.workers = list(rows)
     router_row = next((w for w in view.workers if w.role == "router"), None)
     if router_row is not None and router_row.alive:

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from epdctl.fanout import fanout
+from epdctl.launchers.ssh.fanout import fanout
 from epdctl.preflight import links as links_mod
 from epdctl.preflight import perftest_links, targets
 from epdctl.preflight.links import LinkResult

@@ -1,7 +1,8 @@
 """Run a planned rebalance on a live cluster, one worker at a time, with rollback.
 
 Per move: drain (out of the router / encoder registries, in-flight to zero) -> stop -> start in
-the new role through the cluster's launcher -> wait for `/health` -> register (router
+the new role through the cluster's launcher, with `up`'s own ``BringUp.start`` + ``wait`` (on
+SLURM: a new job step in the running allocation) -> register (router
 ``POST /workers`` or every prefill's encoder registry) -> verify a real transfer through the
 moved worker (canary answers well formed and its transport byte counters move) -> record.
 If the new role does not come up (or moves no data), the worker is restarted in its old role,
@@ -11,7 +12,7 @@ start/stop so `status` and `down` always see the processes that really run.
 
 from __future__ import annotations
 
-import http.client
+import dataclasses
 import logging
 import os
 import shlex
@@ -23,9 +24,8 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from epdctl.errors import EpdctlError, LaunchError
-from epdctl.launchers.base import Handle, LaunchSpec, Launcher, tail
-from epdctl.launchers.lifecycle import to_handle
-from epdctl.probes import probe_health
+from epdctl.launchers.base import Launcher
+from epdctl.launchers.lifecycle import BringUp
 from epdctl.rebalance import drain as dr
 from epdctl.rebalance import history, links
 from epdctl.rebalance.plan import Move, RebalancePlan, apply_move
@@ -33,7 +33,7 @@ from epdctl.rebalance.steps import MoveResult, Step, Timer, summary
 from epdctl.render import build_plan
 from epdctl.render.plan import Plan, WorkerSpec
 from epdctl.routerctl import RouterClient
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.state import ClusterDir, ClusterState, ProcessRecord, worker_of
 from epdctl.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class Executor:
         record: dict[str, Any] = {
             "id": uuid.uuid4().hex[:12], "cluster": self.state.name, "who": history.who(),
             "started": time.time(), "request": request, "moves": []}
-        if self.launcher.name == "local":
+        if self.launcher.runs_here:
             _extra_ports_free(self.rp)
         results = [MoveResult(m) for m in self.rp.moves]
         cur = self.rp.before
@@ -109,9 +109,9 @@ class Executor:
     def _move(self, cur: Topology, res: MoveResult) -> Topology:
         m = res.move
         label = f"{m.worker} -> {m.new_name}"
-        plan_old = build_plan(cur)
+        plan_old = self._placed(build_plan(cur))
         after = apply_move(cur, m)
-        plan_new = build_plan(after)
+        plan_new = self._placed(build_plan(after))
         old = _specs(plan_old, m.worker)
         new = _specs(plan_new, m.new_name)
         regs = _registries(plan_old, exclude=m.worker)
@@ -133,9 +133,9 @@ class Executor:
         try:
             inject = shlex.split(os.environ.get(INJECT_ENV, ""))
             with timed("start"):
-                handles = [self._start(s, inject) for s in new]
+                recs = self._start(new, inject)
             with timed("ready"):
-                self._wait_ready(new[0], handles[0])
+                self._bring_up.wait(recs)
             with timed("register"):
                 self._register(m.new_role, new[0], _registries(plan_new, exclude=m.new_name))
             if self.opts.verify:
@@ -169,46 +169,39 @@ class Executor:
         """Undo a failed start: stop the new role, start the old one, re-register it."""
         self._deregister(m.new_role, new[0], regs)
         self._stop(m.new_name)
-        handles = [self._start(s, []) for s in old]
-        self._wait_ready(old[0], handles[0])
+        self._bring_up.wait(self._start(old, []))
         self._register(m.old_role, old[0], regs)
 
     # -- process control -----------------------------------------------------------------------
 
-    def _records(self, worker: str) -> list[ProcessRecord]:
-        return [p for p in self.state.processes
-                if p.name == worker or p.name.startswith(worker + ".r")]
+    @property
+    def _bring_up(self) -> BringUp:
+        return BringUp(self.launcher, self.cdir, self.state, timeout=self.opts.ready_timeout)
+
+    def _placed(self, plan: Plan) -> Plan:
+        """The plan with the addresses the launcher chose (SLURM: the allocated nodes')."""
+        place = self.launcher.place
+
+        def fix(w: Any) -> Any:
+            return dataclasses.replace(w, host=place(w.host), url=place(w.url),
+                                       argv=tuple(place(a) for a in w.argv))
+        return dataclasses.replace(plan, workers=[fix(w) for w in plan.workers],
+                                   router=fix(plan.router) if plan.router else None)
 
     def _stop(self, worker: str) -> None:
-        recs = self._records(worker)
+        recs = self.state.ranks(worker)
         if recs:
-            self.launcher.stop([to_handle(p) for p in recs], grace=self.opts.grace).raise_if_failed(
-                f"stopping {worker}")
+            self.launcher.stop(recs, grace=self.opts.grace).raise_if_failed(f"stopping {worker}")
         self.state.processes = [p for p in self.state.processes if p not in recs]
         self.cdir.save(self.state)
 
-    def _start(self, spec: WorkerSpec, inject: list[str]) -> Handle:
-        launch = LaunchSpec(name=spec.name, role=spec.role, node=spec.node,
-                            argv=(*spec.argv, *inject), env=dict(spec.env or {}))
-        h = self.launcher.start(launch, self.cdir.log(spec.name))
-        self.state.processes.append(ProcessRecord(
-            name=h.name, role=h.role, node=h.node, host=spec.host, port=int(spec.port),
-            url=spec.url, pid=h.pid, pgid=h.pgid, create_time=h.create_time, log=str(h.log),
-            since=h.since, argv=list(h.argv), health_path=spec.health_path,
-            bootstrap_port=spec.bootstrap_port, is_leader=spec.is_leader))
-        self.cdir.save(self.state)
-        return h
-
-    def _wait_ready(self, spec: WorkerSpec, h: Handle) -> None:
-        deadline = time.monotonic() + self.opts.ready_timeout
-        while not _healthy(spec):
-            if not self.launcher.is_alive(h):
-                raise LaunchError(f"[{spec.node}/{spec.name}] exited during startup; last lines "
-                                  f"of {h.log}:\n{tail(h.log, 10)}")
-            if time.monotonic() > deadline:
-                raise LaunchError(f"[{spec.node}/{spec.name}] not healthy after "
-                                  f"{self.opts.ready_timeout:.0f}s; see {h.log}")
-            time.sleep(0.3)
+    def _start(self, specs: list[WorkerSpec], inject: list[str]) -> list[ProcessRecord]:
+        """Start every rank of one worker (``inject``: test-only extra argv)."""
+        recs = [ProcessRecord.of(s, self.state.engine, self.cdir.log(s.name)) for s in specs]
+        for r in recs:
+            r.argv += inject
+        self._bring_up.start(recs)
+        return recs
 
     # -- registration --------------------------------------------------------------------------
 
@@ -267,18 +260,8 @@ def _extra_ports_free(rp: RebalancePlan) -> None:
                           "or change ports.base in the topology, then plan again")
 
 
-def _healthy(spec: WorkerSpec) -> bool:
-    """One health probe. A probe to a port that nothing listens on yet can connect to itself
-    (TCP self-connect: the port is in the ephemeral range) and read its own request back as a
-    bad status line; that is "not ready yet", not an error."""
-    try:
-        return probe_health(spec.url, spec.health_path).ok
-    except http.client.HTTPException:
-        return False
-
-
 def _specs(plan: Plan, worker: str) -> list[WorkerSpec]:
-    specs = [w for w in plan.workers if w.name == worker or w.name.startswith(worker + ".r")]
+    specs = [w for w in plan.workers if worker_of(w.name) == worker]
     if not specs:
         raise LaunchError(f"worker {worker} is not in the rendered plan")
     return sorted(specs, key=lambda w: w.node_rank)

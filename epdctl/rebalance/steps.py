@@ -39,7 +39,7 @@ class Timer:
     def __init__(self, res: MoveResult, label: str, on_step: Callable[[Step], None]):
         self.res, self.label, self.on_step = res, label, on_step
 
-    def __call__(self, step: str) -> "_Timer":
+    def __call__(self, step: str) -> "Timer":
         self.step = step
         return self
 

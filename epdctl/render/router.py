@@ -1,6 +1,11 @@
 """The router command: smg (default) or sglang-router, in PD mode or plain (colocated) mode.
 
 Only rank-0 (leader) workers are registered; encoders never are (the prefill calls them).
+This is exactly what runs (`epdctl render` shows it): fast health checks (a dead worker out of
+rotation in seconds, a late one registered within a second of being healthy, since `up` starts
+the router together with its workers) unless ``router.args`` chose other values, and with an
+API key the command starts the router through ``python -m epdctl.router_exec VAR MODULE ...``,
+which reads the key from the environment variable VAR so it never appears on a command line.
 """
 
 from __future__ import annotations
@@ -11,13 +16,26 @@ from epdctl.topology.model import Topology
 
 MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router",
            "mini_lb": "sglang_router.launch_router"}  # SGLang's mini_lb moved into sglang-router (--mini-lb)
+HEALTH_FLAGS: dict[str, str] = {
+    "--health-check-interval-secs": "1",
+    "--health-failure-threshold": "2",
+    "--health-success-threshold": "1",
+    "--health-check-timeout-secs": "2",
+    "--worker-startup-check-interval": "1",
+}
+KEY_WRAPPER = "epdctl.router_exec"
 
 
 def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, prom_host: str,
                 prom_port: int) -> tuple[str, ...]:
     r = topo.router
     assert r is not None
-    argv = [topo.python, "-m", MODULES[r.implementation]] + (["--mini-lb"] if r.implementation == "mini_lb" else [])
+    module = MODULES[r.implementation]
+    argv = [topo.python, "-m", module]
+    if r.api_key_env:
+        argv = [topo.python, "-m", KEY_WRAPPER, r.api_key_env, module]
+    if r.implementation == "mini_lb":
+        argv.append("--mini-lb")
     leaders = [s for s in specs if getattr(s, "is_leader")]
     prefills = [s for s in leaders if getattr(s, "role") == "prefill"]
     decodes = [s for s in leaders if getattr(s, "role") == "decode"]
@@ -34,7 +52,15 @@ def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, p
     argv += ["--host", host, "--port", str(port), "--prometheus-host", prom_host, "--prometheus-port", str(prom_port)]
     if r.policy:
         argv += ["--policy", r.policy]
-    if r.api_key_env:
-        argv += ["--api-key", "${" + r.api_key_env + "}"]
     argv += list(r.args)
+    for flag, value in HEALTH_FLAGS.items():
+        if flag not in r.args:
+            argv += [flag, value]
     return tuple(argv)
+
+
+def router_flags(argv: Sequence[str]) -> list[str]:
+    """The router's own flags (after ``python -m MODULE`` or the key wrapper's ``VAR MODULE``)."""
+    if len(argv) > 2 and argv[2] == KEY_WRAPPER:
+        return list(argv[5:])
+    return list(argv[3:])

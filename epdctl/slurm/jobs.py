@@ -76,6 +76,16 @@ class JobInfo:
         return why.format(partition=self.partition or "(default)") if why else None
 
 
+def ended(info: JobInfo) -> str:
+    """Why a job no longer runs, and what to change when the scheduler says it."""
+    why = f"SLURM job {info.job_id} ended as {info.state}"
+    if info.reason not in ("", "None"):
+        why += f" ({info.reason})"
+    if info.state == "TIMEOUT":
+        why += ": it reached its time limit: raise slurm.time in the topology"
+    return why
+
+
 def parse_job_id(out: str) -> str:
     """``sbatch --parsable`` prints ``ID`` or ``ID;CLUSTER``."""
     first = out.strip().splitlines()[-1].strip() if out.strip() else ""

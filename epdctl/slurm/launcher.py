@@ -1,265 +1,291 @@
-"""The slurm launcher: the whole cluster is ONE batch job; epdctl submits it and follows it.
+"""The slurm launcher: one allocation per cluster, one job step per worker.
 
-`up` renders the sbatch script into the cluster's run folder (which doubles as the job's
-``$EPD_RUN_DIR``: it must be on a filesystem the nodes share, as SLURM clusters have), submits
-it, reports pending reasons, follows the script's ``phase`` file to ``ready`` and records every
-worker (pid = job id) in the cluster state, so `status`, `logs` and `down` work like for the
-other launchers: a worker is alive while the job runs and the script has not seen it die;
-`down` is ``scancel`` plus confirmation that the job is gone.
+`up` gets an allocation (submits a holder batch job that only keeps the nodes until `down`, or,
+run inside `salloc`/a batch job, adopts ``$SLURM_JOB_ID``), maps the topology's nodes onto the
+allocated ones in order, and starts every worker as its own step: ``srun --jobid J --overlap
+--nodelist NODE ...``. A step is stopped with ``scancel J.STEP`` and a new one started in the
+same allocation, so `rebalance` works as on the other launchers. Polling is one ``squeue
+--steps`` for all workers. `down` stops the steps, then cancels the allocation if epdctl
+submitted it (an adopted one is left to its owner).
+
+The run folder (``clusters/<name>``) must be on a filesystem the nodes share, as SLURM clusters
+have: the steps write their logs there.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shlex
+import subprocess
 import sys
-import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterator, Sequence
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import Handle, LaunchSpec, Results, tail
-from epdctl.launchers.lifecycle import Event
-from epdctl.routerctl import RouterClient
-from epdctl.slurm import jobs
-from epdctl.slurm.jobs import JobInfo
-from epdctl.slurm.sbatch import render_sbatch, slurm_nodes, steps
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.launchers.base import Results, Status, expand_argv, tail, worker_env
+from epdctl.launchers.local import follow_file
+from epdctl.slurm import jobs, steps
+from epdctl.slurm.sbatch import directives, slurm_nodes, substitute
+from epdctl.state import Handle, ProcessRecord
 
 log = logging.getLogger(__name__)
-RUN_FILES = ("phase", "nodes", "workers", "dead")
+ALLOC_FILE = "slurm-job.json"
 
 
-def read_phase(run_dir: Path) -> str:
-    try:
-        return (run_dir / "phase").read_text().strip()
-    except FileNotFoundError:
-        return ""
+@dataclass(frozen=True)
+class Allocation:
+    """The job that holds the cluster's nodes, and the topology -> SLURM node map."""
+
+    job: str
+    owned: bool                          # epdctl submitted it (and `down` cancels it)
+    nodes: dict[str, list[str]]          # topology node -> [SLURM node name, address]
+    hosts: dict[str, str]                # topology address -> allocated address
+    python: dict[str, str]               # topology node -> python to run ("" = as planned)
 
 
-def read_nodes(run_dir: Path) -> dict[str, tuple[str, str]]:
-    """The script's node map: topology node -> (SLURM node name, address)."""
-    out: dict[str, tuple[str, str]] = {}
-    try:
-        for line in (run_dir / "nodes").read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 3:
-                out[parts[0]] = (parts[1], parts[2])
-    except FileNotFoundError:
-        pass
-    return out
-
-
-def read_dead(run_dir: Path) -> set[str]:
-    try:
-        return set((run_dir / "dead").read_text().split())
-    except FileNotFoundError:
-        return set()
-
-
-def resolve_url(url: str, addrs: list[str]) -> str:
-    for i, addr in enumerate(addrs):
-        url = url.replace("${EPD_ADDR_%d}" % i, addr)
-    return url
+def holder_script(topo: Any, nodes: int, output: str) -> str:
+    """The batch script that holds the allocation: no worker, just a sleep until scancel."""
+    lines = ["#!/usr/bin/env bash",
+             f"# epdctl allocation for cluster {topo.name}: the workers run as job steps that",
+             "# `epdctl up` / `rebalance` start with `srun --jobid $SLURM_JOB_ID --overlap`;",
+             "# `epdctl down` stops them and cancels this job."]
+    lines += [f"#SBATCH --{k}" + (f"={v}" if v != "" else "")
+              for k, v in directives(topo, nodes, output=output,
+                                     max_gpus=max((n.gpus for n in topo.nodes), default=0))]
+    lines += ['echo "epdctl: allocation $SLURM_JOB_ID holds $SLURM_JOB_NODELIST"',
+              "exec sleep infinity", ""]
+    return "\n".join(lines)
 
 
 class SlurmLauncher:
-    """Launcher protocol over one SLURM job per cluster (handle.pid is the job id)."""
+    """Launcher contract over job steps inside one allocation (handle: job, step, srun pid)."""
 
     name = "slurm"
+    runs_here = False
 
-    def __init__(self, topology: Any = None, cluster_dir: Path | None = None, cache_s: float = 1.0):
-        self.topology = topology
+    def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
+                 accept_new_host_keys: bool = False):
         self.cluster_dir = cluster_dir
-        self.cache_s = cache_s
-        self._lock = threading.Lock()
-        self._cache: tuple[float, dict[str, JobInfo]] = (0.0, {})
+        self.topology = topology
+        self._alloc: Allocation | None = None
+        self._srun: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, spec: LaunchSpec, log: Path) -> Handle:
-        raise LaunchError(f"[{spec.name}] the slurm launcher starts a whole cluster as one job; "
-                          f"use `epdctl up TOPOLOGY --launcher slurm`")
+    # ---- allocation ----------------------------------------------------------------------
 
-    def jobs(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
-        """One squeue for all ids, shared by the threads of one `status` for ``cache_s``."""
-        ids = set(job_ids)
-        with self._lock:
-            at, cached = self._cache
-            if time.monotonic() - at > self.cache_s or not ids <= set(cached):
-                cached = jobs.poll(ids | set(cached))
-                self._cache = (time.monotonic(), cached)
-            return {j: cached[j] for j in ids}
+    @property
+    def _alloc_file(self) -> Path:
+        if self.cluster_dir is None:
+            raise LaunchError("the slurm launcher needs the cluster's run folder")
+        return self.cluster_dir / ALLOC_FILE
 
-    def is_alive(self, handle: Handle) -> bool:
-        job = str(handle.pid)
-        if self.jobs([job])[job].state != "RUNNING":
-            return False
-        return handle.name not in read_dead(handle.log.parent.parent)
-
-    def exit_code(self, handle: Handle) -> str | None:
-        return jobs.job_record(str(handle.pid)).get("ExitCode")
-
-    def stop(self, handles: Iterable[Handle], grace: float = 10.0) -> Results[None]:
-        """scancel every job and wait until the scheduler no longer runs any of them."""
-        hs = list(handles)
-        res: Results[None] = Results()
-        ids = {str(h.pid) for h in hs}
+    def allocation(self, timeout: float = 600.0) -> Allocation:
+        """The cluster's allocation: recorded, adopted from $SLURM_JOB_ID, or submitted now."""
+        if self._alloc is not None:
+            return self._alloc
+        if self._alloc_file.exists():
+            recorded = Allocation(**json.loads(self._alloc_file.read_text()))
+            if self.topology is None or jobs.poll([recorded.job])[recorded.job].state == "RUNNING":
+                self._alloc = recorded
+                return recorded
+            self._alloc_file.unlink()  # an allocation that ended since: get a new one
+        if self.topology is None:
+            raise LaunchError(f"no SLURM allocation is recorded in {self._alloc_file}")
+        adopted = os.environ.get("SLURM_JOB_ID")
+        job = adopted or self._submit()
         try:
-            left = set(jobs.cancel(ids, timeout=grace + 60))
+            self._alloc = self._map(job, owned=not adopted, timeout=timeout)
+        except BaseException:
+            if not adopted:
+                jobs.cancel([job])
+            raise
+        self._alloc_file.write_text(json.dumps(asdict(self._alloc), indent=2))
+        return self._alloc
+
+    def _submit(self) -> str:
+        assert self.cluster_dir is not None
+        topo = self.topology
+        used = slurm_nodes(topo, _plan(topo))
+        self.cluster_dir.mkdir(parents=True, exist_ok=True)
+        script = self.cluster_dir / "job.sbatch"
+        script.write_text(holder_script(topo, len(used), str(self.cluster_dir / "job-%j.out")))
+        return jobs.submit(str(script), ["--chdir", str(self.cluster_dir)])
+
+    def _map(self, job: str, owned: bool, timeout: float) -> Allocation:
+        """Wait until the job runs, then map the topology's nodes onto its nodes in order."""
+        t0 = time.monotonic()
+        while True:
+            info = jobs.poll([job])[job]
+            if info.state == "RUNNING":
+                break
+            if info.hopeless:
+                raise LaunchError(f"SLURM job {job} can never start: {info.hopeless} (squeue "
+                                  f"reason {info.reason}); compare the topology with `sinfo -N -l`")
+            if not info.active:
+                raise LaunchError(f"SLURM job {job} ended as {info.state} before it ran")
+            if time.monotonic() - t0 > timeout:
+                raise LaunchError(f"SLURM job {job} still {info.state} ({info.reason}) after "
+                                  f"{timeout:.0f}s")
+            time.sleep(0.3)
+        topo = self.topology
+        plan = _plan(topo)
+        want = slurm_nodes(topo, plan)
+        got = steps.node_addresses(info.nodes)
+        if len(got) < len(want):
+            raise LaunchError(f"SLURM job {job} has {len(got)} node(s) ({info.nodes}); the "
+                              f"topology needs {len(want)} ({', '.join(want)})")
+        nodes = {t: list(got[i]) for i, t in enumerate(want)}
+        hosts = {topo.node(t).host: got[i][1] for i, t in enumerate(want)}
+        python = {t: ("" if plan.setup.get(t) else sys.executable) for t in want}
+        return Allocation(job=job, owned=owned, nodes=nodes, hosts=hosts, python=python)
+
+    def place(self, text: str) -> str:
+        """A topology address (in a URL, a flag) -> the allocated node's address."""
+        return substitute(text, self.allocation().hosts)
+
+    # ---- contract ------------------------------------------------------------------------
+
+    def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
+        """One ``srun --overlap`` per worker, then one ``squeue --steps`` loop to learn the
+        step ids. Records get the allocated addresses (url, host, argv)."""
+        res: Results[Handle] = Results()
+        try:
+            alloc = self.allocation()
         except LaunchError as e:
-            for h in hs:
-                res.failed[h.name] = e
-            return res
-        with self._lock:
-            self._cache = (0.0, {})
-        for h in hs:
-            if str(h.pid) in left:
-                res.failed[h.name] = LaunchError(f"job {h.pid} still active after scancel; "
-                                                 f"check `squeue -j {h.pid}`")
-            else:
-                res.ok[h.name] = None
+            return Results(failed={r.name: e for r in recs})
+        for rec in recs:
+            try:
+                self._launch(alloc, rec)
+            except LaunchError as e:
+                res.failed[rec.name] = e
+        pending = {r.name: r for r in recs if r.name in self._srun}
+        deadline = time.monotonic() + 60
+        while pending:
+            found = steps.by_name(steps.list_steps(alloc.job))
+            for name, rec in list(pending.items()):
+                proc = self._srun[name]
+                if name in found:
+                    res.ok[name] = Handle(pid=proc.pid, pgid=proc.pid, create_time=time.time(),
+                                          host=alloc.nodes[rec.node][1], job=alloc.job,
+                                          step=found[name].split(".", 1)[1])
+                    del pending[name]
+                elif proc.poll() is not None:
+                    res.failed[name] = LaunchError(
+                        f"[{rec.node}/{name}] srun exited with status {proc.returncode} before "
+                        f"its step ran; last lines of {rec.log}:\n{tail(Path(rec.log), 20)}")
+                    del pending[name]
+            if pending and time.monotonic() > deadline:
+                for name, rec in pending.items():
+                    self._srun[name].kill()
+                    res.failed[name] = LaunchError(f"[{rec.node}/{name}] no job step appeared "
+                                                   f"in job {alloc.job} within 60s")
+                break
+            if pending:
+                time.sleep(0.2)
         return res
 
+    def _launch(self, alloc: Allocation, rec: ProcessRecord) -> None:
+        if rec.node not in alloc.nodes:
+            raise LaunchError(f"[{rec.node}/{rec.name}] node {rec.node} is not part of "
+                              f"allocation {alloc.job} ({', '.join(alloc.nodes)})")
+        rec.url, rec.host = self.place(rec.url), self.place(rec.host)
+        rec.argv = [self.place(a) for a in rec.argv]
+        argv = expand_argv(list(rec.argv), rec.name)
+        if alloc.python.get(rec.node) and argv[:1] and argv[0] in ("python", "python3",
+                                                                  getattr(self.topology, "python", "")):
+            argv[0] = alloc.python[rec.node]
+        setup = list(_plan(self.topology).setup.get(rec.node, ())) if self.topology else []
+        command = "\n".join([*setup, "exec " + shlex.join(argv)])
+        env = worker_env({k: self.place(v) for k, v in rec.env.items()}, rec.name)
+        logf = Path(rec.log)
+        logf.parent.mkdir(parents=True, exist_ok=True)
+        slurm_node = alloc.nodes[rec.node][0]
+        with open(logf, "ab") as out:
+            out.write(f"=== epdctl: starting {rec.name} on {slurm_node} at "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n".encode())
+            out.flush()
+            try:
+                self._srun[rec.name] = subprocess.Popen(
+                    steps.srun_argv(alloc.job, slurm_node, rec.name, str(logf), command),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                    start_new_session=True, close_fds=True)
+            except OSError as e:
+                raise LaunchError(f"[{rec.node}/{rec.name}] cannot run srun: {e}") from e
 
-def _records(topo: Any, plan: Any, job: str, run_dir: Path, addrs: list[str]) -> list[ProcessRecord]:
-    out = []
-    now = time.time()
-    by_name = {w.name: w for w in plan.workers}
-    for _stage, group in steps(topo, plan):
-        for s in group:
-            spec = by_name.get(s.name, plan.router)
-            url = resolve_url(s.url, addrs)
-            host = url.split("//", 1)[1].rsplit(":", 1)[0].strip("[]")
-            out.append(ProcessRecord(
-                name=s.name, role=s.role, node=s.node, host=host, port=int(spec.port), url=url, pid=int(job),
-                pgid=int(job), create_time=0.0, log=str(run_dir / "logs" / f"{s.name}.log"), since=now,
-                argv=list(spec.argv), health_path=spec.health_path,
-                bootstrap_port=getattr(spec, "bootstrap_port", None), is_leader=s.is_leader))
-    return out
+    def poll(self, recs: Sequence[ProcessRecord]) -> Results[Status]:
+        res: Results[Status] = Results()
+        by_job: dict[str, set[str]] = {}
+        gone: dict[str, str] = {}   # job -> why it no longer runs
+        try:
+            for job in {r.handle.job for r in recs if r.handle and r.handle.job}:
+                by_job[job] = set(steps.list_steps(job))
+                if not by_job[job]:
+                    info = jobs.poll([job])[job]
+                    if info.state != "RUNNING":
+                        gone[job] = jobs.ended(info)
+        except LaunchError as e:
+            return Results(failed={r.name: e for r in recs})
+        for r in recs:
+            h = r.handle
+            if h is None or not h.job:
+                res.ok[r.name] = Status(False)
+            elif h.step is None:  # a v1 state: the whole cluster was one batch job
+                res.ok[r.name] = Status(jobs.poll([h.job])[h.job].state == "RUNNING")
+            elif h.step_id in by_job[h.job]:
+                res.ok[r.name] = Status(True)
+            else:
+                note = f"\n{gone[h.job]}" if h.job in gone else ""
+                res.ok[r.name] = Status(False, None, tail(Path(r.log), 20) + note)
+        return res
 
+    def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
+        """SIGTERM every step at once (``scancel --signal=TERM``), cancel what is left after
+        ``grace``, and confirm ``squeue --steps`` no longer lists them."""
+        res: Results[None] = Results()
+        ids = {r.name: r.handle.step_id for r in recs if r.handle and r.handle.step_id}
+        legacy = {r.handle.job for r in recs if r.handle and r.handle.job and r.handle.step is None}
+        try:
+            left = steps.cancel_steps(sorted(set(ids.values())), grace=grace)
+            if legacy:
+                left += jobs.cancel(sorted(legacy), timeout=grace + 60)
+        except LaunchError as e:
+            return Results(failed={r.name: e for r in recs})
+        for r in recs:
+            sid = ids.get(r.name)
+            if sid is not None and sid in left:
+                res.failed[r.name] = LaunchError(f"[{r.node}/{r.name}] step {sid} still runs "
+                                                 f"after scancel; check `squeue --steps`")
+            else:
+                res.ok[r.name] = None
+        return res
 
-def _failure(job: str, info: JobInfo, run_dir: Path) -> LaunchError:
-    """Why the job is not running: the script's phase, the dead worker's log, the job output."""
-    phase = read_phase(run_dir)
-    dead = sorted(read_dead(run_dir))
-    head = [f"SLURM job {job} ended as {info.state}" + (f" ({info.reason})" if info.reason not in ("", "None")
-                                                         else "")]
-    if info.state == "TIMEOUT":
-        head.append("it reached its time limit: raise slurm.time in the topology")
-    if phase.startswith("failed"):
-        head.append(phase.removeprefix("failed ").strip())
-    tails = []
-    for name in dead:
-        path = run_dir / "logs" / f"{name}.log"
-        tails.append(f"last lines of {path}:\n{tail(path, 20)}")
-    out = run_dir / f"job-{job}.out"
-    if not dead and out.exists():
-        tails.append(f"last lines of {out}:\n{tail(out, 20)}")
-    return LaunchError("; ".join(head) + "".join("\n" + t for t in tails))
+    def logs(self, rec: ProcessRecord, lines: int = 40) -> str:
+        return tail(Path(rec.log), lines)
 
+    def follow(self, rec: ProcessRecord) -> Iterator[str]:
+        return follow_file(Path(rec.log))
 
-def submit_cluster(topo: Any, plan: Any, cdir: ClusterDir, *, ready_timeout: float,
-                   template: Path | None = None, sbatch_args: Iterable[str] = ()) -> str:
-    """Write job.sbatch into the run folder and submit it; returns the job id."""
-    run_dir = cdir.root
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for f in RUN_FILES:
-        (run_dir / f).unlink(missing_ok=True)
-    for old in (run_dir / "logs").glob("*.log"):
-        old.unlink()
-    script = run_dir / "job.sbatch"
-    script.write_text(render_sbatch(topo, plan, template, output=str(run_dir / "job-%j.out"),
-                                    ready_timeout=int(ready_timeout)))
-    env = dict(os.environ, EPD_RUN_DIR=str(run_dir))
-    if not plan.setup:  # no venv activation on the nodes: run the interpreter epdctl runs under
-        env.setdefault("EPDCTL_PYTHON", sys.executable)
-    return jobs.submit(str(script), ["--chdir", str(run_dir), *sbatch_args], env=env)
-
-
-def follow(job: str, cdir: ClusterDir, *, timeout: float, on_event: Callable[[Event], None],
-           interval: float = 0.3) -> None:
-    """Poll until the script reports ``ready``; LaunchError (job cancelled) on any failure."""
-    run_dir = cdir.root
-    t0 = time.monotonic()
-    started: float | None = None
-    last = ""
-    while True:
-        info = jobs.poll([job])[job]
-        if info.state == "PENDING":
-            why = info.hopeless
-            if why:
-                jobs.cancel([job])
-                raise LaunchError(f"SLURM job {job} can never start: {why} (squeue reason {info.reason}); "
-                                  f"cancelled it. Compare the topology with `sinfo -N -l`")
-            note = f"pending ({info.reason})"
-        elif info.state == "RUNNING":
-            started = started or time.monotonic()
-            phase = read_phase(run_dir)
-            if phase == "ready":
-                on_event(Event("job", "ready", 1, 1, time.monotonic() - t0, f"job {job} on {info.nodes}"))
-                return
-            if phase.startswith("failed"):
-                jobs.cancel([job])
-                raise _failure(job, jobs.poll([job])[job], run_dir)
-            note = f"running on {info.nodes}: {phase or 'starting'}"
-            if time.monotonic() - started > timeout:
-                jobs.cancel([job])
-                raise LaunchError(f"SLURM job {job} not ready after {timeout:.0f}s ({phase or 'starting'}); "
-                                  f"cancelled it. Raise --timeout if the model is still loading; logs in "
-                                  f"{run_dir / 'logs'}")
-        elif not info.active:
-            raise _failure(job, info, run_dir)
-        else:
-            note = info.state.lower()
-        if note != last:
-            on_event(Event("job", "waiting", 0, 1, time.monotonic() - t0, f"job {job} {note}"))
-            last = note
-        time.sleep(interval)
-
-
-def slurm_up(topo: Any, plan: Any, cdir: ClusterDir, state: ClusterState, *, timeout: float = 1800.0,
-             on_event: Callable[[Event], None] | None = None, template: Path | None = None,
-             sbatch_args: Iterable[str] = ()) -> ClusterState:
-    """Submit, follow to ready, record the workers; the job is cancelled on any failure."""
-    emit = on_event or (lambda e: None)
-    job = submit_cluster(topo, plan, cdir, ready_timeout=timeout, template=template, sbatch_args=sbatch_args)
-    emit(Event("job", "starting", 0, 1, 0.0, f"submitted SLURM job {job}"))
-    state.processes = _records(topo, plan, job, cdir.root, [])
-    cdir.save(state)  # recorded at once: `down` can cancel it even if this process dies now
-    try:
-        follow(job, cdir, timeout=timeout, on_event=emit)
-        names = read_nodes(cdir.root)
-        missing = [n for n in slurm_nodes(topo, plan) if n not in names]
-        if missing:
-            raise LaunchError(f"job {job} is ready but {cdir.root / 'nodes'} lacks node(s) {', '.join(missing)}")
-        addrs = [names[n][1] for n in slurm_nodes(topo, plan)]
-        state.processes = _records(topo, plan, job, cdir.root, addrs)
-        cdir.save(state)
-        if state.router is not None:
-            _wait_router(job, state, cdir, timeout, emit)
-    except BaseException:
-        jobs.cancel([job])
-        raise
-    state.phase = "running"
-    cdir.save(state)
-    return state
-
-
-def _wait_router(job: str, state: ClusterState, cdir: ClusterDir, timeout: float,
-                 emit: Callable[[Event], None]) -> None:
-    rec = state.router
-    assert rec is not None
-    client = RouterClient(rec.url, state.api_key_env)
-    t0 = time.monotonic()
-    while True:
-        ok, doc = client.readiness()
-        if ok:
-            emit(Event("router", "ready", 1, 1, time.monotonic() - t0))
+    def release(self) -> None:
+        """Cancel the allocation if epdctl submitted it; forget it either way."""
+        if self.cluster_dir is None or not self._alloc_file.exists():
             return
-        info = jobs.poll([job])[job]
-        if info.state != "RUNNING" or read_phase(cdir.root).startswith("failed"):
-            raise _failure(job, info, cdir.root)
-        if time.monotonic() - t0 > timeout:
-            raise LaunchError(f"[{rec.node}/router] not ready after {timeout:.0f}s ({doc}); "
-                              f"see `epdctl logs router`")
-        time.sleep(0.5)
+        alloc = self.allocation()
+        if alloc.owned:
+            left = jobs.cancel([alloc.job], timeout=90)
+            if left:
+                raise LaunchError(f"SLURM job {alloc.job} is still active after scancel; check "
+                                  f"`squeue -j {alloc.job}`")
+        self._alloc_file.unlink(missing_ok=True)
+        self._alloc = None
+
+    def close(self) -> None:
+        return None
+
+
+def _plan(topo: Any) -> Any:
+    from epdctl.render import build_plan
+
+    return build_plan(topo)

@@ -67,7 +67,8 @@ def host_map(topo: Topology, nodes: list[str]) -> dict[str, str]:
 def substitute(text: str, hosts: dict[str, str]) -> str:
     """Replace whole-address occurrences (not 10.1.0.1 inside 10.1.0.10)."""
     for host in sorted(hosts, key=len, reverse=True):
-        text = re.sub(r"(?<![\w.-])" + re.escape(host) + r"(?![\w-]|\.\w)", lambda _m, h=host: hosts[h], text)
+        new = hosts[host]
+        text = re.sub(r"(?<![\w.-])" + re.escape(host) + r"(?![\w-]|\.\w)", lambda _m: new, text)
     return text
 
 

@@ -111,7 +111,7 @@ def test_native_generate_contract_and_bad_input(live: Live) -> None:
     """SGLang's /tokenize and /generate on real workers: prefill-only answers one token with
     top logprobs and sends no KV; bad bodies are 400s naming the field; workers export
     process_cpu_seconds_total (what `epdctl profile` charges each role)."""
-    from epdctl.token_canary import kv_counters
+    from epdctl.canary.tokens import kv_counters
 
     procs = {p["name"]: p for p in live.state()["processes"]}
     pre, dec = procs["prefill-0"]["url"], procs["decode-0"]["url"]
@@ -147,7 +147,7 @@ def test_token_canary_names_a_pair_whose_kv_cannot_arrive(live: Live) -> None:
     """A decode pointed at a dead bootstrap port gets no KV: the pair fails, named, with why."""
     from types import SimpleNamespace
 
-    from epdctl.token_canary import check_pair
+    from epdctl.canary.tokens import check_pair
 
     procs = {p["name"]: p for p in live.state()["processes"]}
     p = procs["prefill-0"]
@@ -160,7 +160,7 @@ def test_token_canary_names_a_pair_whose_kv_cannot_arrive(live: Live) -> None:
 
 def test_a_dead_encoder_is_named(live: Live) -> None:
     rec = next(p for p in live.state()["processes"] if p["name"] == "encoder-1")
-    os.killpg(rec["pgid"], signal.SIGKILL)  # behind epdctl's back
+    os.killpg(rec["handle"]["pgid"], signal.SIGKILL)  # behind epdctl's back
     proc = live.epdctl("check", "--canary", NAME)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     bad = [ln for ln in proc.stdout.splitlines() if "FAIL" in ln]

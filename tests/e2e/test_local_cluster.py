@@ -109,11 +109,11 @@ def test_held_out_accuracy_through_the_split_pipeline(cluster: Cluster, n_images
 
 
 def test_second_up_is_refused(cluster: Cluster) -> None:
-    before = {p["name"]: p["pid"] for p in cluster.state()["processes"]}
+    before = {p["name"]: p["handle"]["pid"] for p in cluster.state()["processes"]}
     proc = cluster.epdctl("up", str(cluster.topology), "--no-canary")
     assert proc.returncode == 1
     assert "already running" in proc.stderr and "epdctl down" in proc.stderr
-    assert {p["name"]: p["pid"] for p in cluster.state()["processes"]} == before
+    assert {p["name"]: p["handle"]["pid"] for p in cluster.state()["processes"]} == before
 
 
 def test_logs_command(cluster: Cluster) -> None:
@@ -129,7 +129,7 @@ def _row(cluster: Cluster, name: str) -> dict:
 
 def _kill(cluster: Cluster, name: str) -> dict:
     rec = next(p for p in cluster.state()["processes"] if p["name"] == name)
-    os.killpg(rec["pgid"], signal.SIGKILL)
+    os.killpg(rec["handle"]["pgid"], signal.SIGKILL)
     return rec
 
 
@@ -182,9 +182,9 @@ def test_down_leaves_no_process(cluster: Cluster) -> None:
     proc = cluster.epdctl("down", cluster.name, check=True)
     assert "no recorded process remains" in proc.stdout
     for p in st["processes"]:
-        alive = psutil.pid_exists(p["pid"]) and psutil.Process(p["pid"]).status() != \
-            psutil.STATUS_ZOMBIE
-        assert not alive, f"{p['name']} (pid {p['pid']}) survived down"
+        pid = p["handle"]["pid"]
+        alive = psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        assert not alive, f"{p['name']} (pid {pid}) survived down"
     tmp_topology = str(cluster.topology)
     for pr in psutil.process_iter(["cmdline"]):
         cmd = " ".join(pr.info["cmdline"] or [])

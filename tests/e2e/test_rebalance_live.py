@@ -87,7 +87,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         yield c
     finally:
         if c.state_file.exists():
-            pids = {p["pid"] for p in json.loads(c.state_file.read_text())["processes"]}
+            pids = {p["handle"]["pid"] for p in json.loads(c.state_file.read_text())["processes"]}
         down = c.epdctl("down", c.name)
         assert down.returncode == 0, down.stdout + down.stderr
         left = [p for p in pids if psutil.pid_exists(p)

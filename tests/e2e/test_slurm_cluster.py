@@ -1,6 +1,9 @@
 """End to end on a real local SLURM cluster: topologies/slurm-local.yaml (embedded engine, 3 nodes)
-as one batch job, a real answer through the smg router, then `epdctl status`, `logs` and `down`
-through the CLI, and no worker process left.
+started by `epdctl up` from INSIDE an existing allocation (`salloc --no-shell`, SLURM_JOB_ID
+exported, as in an interactive allocation): every worker is a job step of that allocation, a
+real answer comes through the smg router, then `epdctl status`, `logs` and `down` through the
+CLI; `down` stops the steps and leaves the allocation to its owner; no worker process is left.
+(`up` from a login node, submitting its own allocation, is tests/e2e/test_rebalance_launchers.py.)
 
 The fake SLURM nodes share this host, so the topology gives each node its own port range
 (37100+, 37200+, 37300+) and the sbatch script binds every worker to its node's NodeAddr.
@@ -24,10 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
 
 from epdctl.probes import http  # noqa: E402
-from epdctl.render import build_plan  # noqa: E402
-from epdctl.slurm import jobs  # noqa: E402
-from epdctl.slurm.launcher import read_nodes, slurm_up  # noqa: E402
-from epdctl.state import ClusterDir, ClusterState  # noqa: E402
+from epdctl.slurm import jobs, steps  # noqa: E402
+from epdctl.state import ClusterDir  # noqa: E402
 from epdctl.topology import load_topology  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,26 +56,28 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           timeout=300)
 
 
-def test_slurm_cluster_up_answer_status_down(cluster: SlurmCluster, tmp_path: Path,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    state_dir = tmp_path / "state"
-    monkeypatch.setenv("EPDCTL_STATE_DIR", str(state_dir))
-    env = dict(os.environ)
+def _salloc(cluster: SlurmCluster, nodes: int) -> str:
+    """An allocation with no shell (what `salloc` gives an interactive user), its job id."""
+    out = cluster.run("salloc", "--no-shell", f"--nodes={nodes}", "--time=00:30:00", timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stderr.splitlines() if "Granted job allocation" in ln)
+    return line.rsplit(" ", 1)[1]
+
+
+def test_up_inside_an_allocation_answer_status_down(cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = _salloc(cluster, 3)
+    env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp_path / "state"), SLURM_JOB_ID=job)
     topo = load_topology(TOPOLOGY)
-    plan = build_plan(topo)
-    cdir = ClusterDir(topo.name)
-    state = ClusterState(name=topo.name, topology=str(TOPOLOGY), launcher="slurm", model=topo.model.served_name)
-    events: list[str] = []
+    cdir = ClusterDir(topo.name, tmp_path / "state")
     try:
-        slurm_up(topo, plan, cdir, state, timeout=600, on_event=lambda e: events.append(f"{e.stage} {e.kind}"))
-        assert "job ready" in events and "router ready" in events
+        up = _cli("up", str(TOPOLOGY), "--no-canary", "--timeout", "600", env=env)
+        assert up.returncode == 0, up.stdout + up.stderr
         rec = cdir.load()
-        assert rec is not None and rec.phase == "running"
-        job = str(rec.processes[0].pid)
-        info = jobs.poll([job])[job]
-        assert info.state == "RUNNING"
-        # the allocation's first three nodes, in order, carry the topology's n0, n1, n2
-        assert [v[0] for _, v in sorted(read_nodes(cdir.root).items())] == ["node1", "node2", "node3"]
+        assert rec is not None and rec.phase == "running" and rec.launcher == "slurm"
+        assert {p.handle.job for p in rec.processes if p.handle} == {job}
+        live = steps.by_name(steps.list_steps(job))
+        assert {p.name: p.handle.step_id for p in rec.processes if p.handle} == {
+            n: live[n] for n in ("encoder-0", "prefill-0", "decode-0", "router")}
         assert {p.node for p in rec.processes} == {"n0", "n1", "n2"}
 
         router = rec.router
@@ -98,13 +101,12 @@ def test_slurm_cluster_up_answer_status_down(cluster: SlurmCluster, tmp_path: Pa
 
         down = _cli("down", topo.name, env=env)
         assert down.returncode == 0, down.stdout + down.stderr
-        assert not jobs.poll([job])[job].active
         assert cdir.load() is None
+        assert jobs.poll([job])[job].state == "RUNNING"  # not ours to cancel
+        assert set(steps.list_steps(job).values()) <= {"batch", "extern"}  # every step gone
     finally:
-        left = [p.pid for p in cdir.load().processes] if cdir.load() else []  # type: ignore[union-attr]
-        if left:
-            jobs.cancel([str(left[0])])
-    deadline = time.monotonic() + 60  # slurmstepd reaps the tasks after the job has ended
+        jobs.cancel([job])
+    deadline = time.monotonic() + 60  # slurmstepd reaps the tasks after the steps ended
     while _ours() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _ours() == []

@@ -35,7 +35,7 @@ from sshd_nodes import SshdNodes, keygen  # noqa: E402
 
 from epdctl import shapes  # noqa: E402
 from epdctl.errors import LaunchError  # noqa: E402
-from epdctl.launchers.lifecycle import BringUp, to_handle  # noqa: E402
+from epdctl.launchers.lifecycle import BringUp  # noqa: E402
 from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
 from epdctl.probes import http  # noqa: E402
 from epdctl.state import ClusterDir, ClusterState  # noqa: E402
@@ -138,8 +138,8 @@ def ssh_cluster(sshd: SshdNodes, tmp_path_factory: pytest.TempPathFactory) -> It
         finally:
             state = cdir.load()
             if state is not None:  # a test failed before `down`: still stop everything
-                with SSHLauncher(cluster_dir=cdir.root) as lau:
-                    lau.stop([to_handle(p) for p in state.processes], grace=5)
+                with SSHLauncher(cdir.root) as lau:
+                    lau.stop(state.processes, grace=5)
 
 
 def test_up_through_the_cli(ssh_cluster: SshCluster) -> None:
@@ -152,11 +152,13 @@ def test_up_through_the_cli(ssh_cluster: SshCluster) -> None:
 def test_workers_run_detached_on_their_own_nodes(ssh_cluster: SshCluster, sshd: SshdNodes) -> None:
     assert {p.name: p.node for p in ssh_cluster.state.processes} == NODE_OF
     for p in ssh_cluster.state.processes:
-        assert _alive(p.pid)
-        assert os.getsid(p.pid) == p.pid == p.pgid  # own session: outlives the ssh session
+        h = p.handle
+        assert h is not None and _alive(h.pid)
+        assert os.getsid(h.pid) == h.pid == h.pgid  # own session: outlives the ssh session
         # The node recorded it: the agent that started it ran in that node's ssh session.
         rec = json.loads((ssh_cluster.run_root / "ssh-3node" / p.node / f"{p.name}.json").read_text())
-        assert (rec["pid"], rec["create_time"]) == (p.pid, p.create_time)
+        assert (rec["pid"], rec["create_time"]) == (h.pid, h.create_time)
+        assert p.engine == "embedded" and p.worker == p.name and p.node_rank == 0
     for d in sshd.nodes:  # every node's own sshd let epdctl in
         assert "Accepted publickey" in d.log.read_text()
     on_node = json.loads((ssh_cluster.run_root / "ssh-3node" / "node-b" / "prefill-0.json").read_text())
@@ -190,7 +192,7 @@ def test_status_from_another_shell(ssh_cluster: SshCluster) -> None:
 
 def test_worker_killed_behind_our_back_is_dead_with_its_log_tail(ssh_cluster: SshCluster) -> None:
     rec = ssh_cluster.state.find("decode-0")
-    os.killpg(rec.pgid, signal.SIGKILL)
+    os.killpg(rec.handle.pgid, signal.SIGKILL)
     t0 = time.monotonic()
     while _alive(rec.pid) and time.monotonic() - t0 < 60:  # a stop for a hung test, not a claim
         time.sleep(0.2)
@@ -256,17 +258,18 @@ def test_runtime_that_fails_on_one_node_stops_the_others(sshd: SshdNodes, tmp_pa
     cdir = ClusterDir(topo.name)
     state = ClusterState(name=topo.name, topology=str(topo.source), launcher="ssh")
     cdir.save(state)
-    with SSHLauncher(topo, cluster_dir=cdir.root) as lau:
+    with SSHLauncher(cdir.root, topo) as lau:
         with pytest.raises(LaunchError) as e:
-            BringUp(plan, lau, cdir, state, timeout=600).run()
+            BringUp(lau, cdir, state, timeout=600).run(plan)
     msg = str(e.value)
     assert msg.startswith("[node-b/prefill-0] ")
     # Found dead either by the launcher right after its start or by the readiness wait; both
     # name the worker and show its log tail.
     assert ("during startup; last lines of" in msg or "right after start; last lines of" in msg)
     assert missing in msg.split("last lines of", 1)[1]
-    # prefill-0 is recorded only when it died after the launcher handed it back.
-    assert [p.name for p in state.processes] in (["encoder-0"], ["encoder-0", "prefill-0"])
+    # Every role was started at once; prefill-0 is recorded only when it died after the
+    # launcher handed it back.
+    assert {"encoder-0", "decode-0", "router"} <= {p.name for p in state.processes}
     for p in state.processes:
         assert not _alive(p.pid), f"{p.name} still running after the failed up"
     assert _strays() == []

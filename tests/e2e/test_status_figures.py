@@ -85,7 +85,7 @@ def test_status_table_and_dead_worker_dash(cluster: Env) -> None:
     # a worker whose /metrics cannot answer shows "-" and status still reports
     state = json.loads((Path(cluster.env["EPDCTL_STATE_DIR"]) / "clusters" / NAME
                         / "state.json").read_text())
-    pid = next(p["pid"] for p in state["processes"] if p["name"] == "encoder-1")
+    pid = next(p["handle"]["pid"] for p in state["processes"] if p["name"] == "encoder-1")
     os.kill(pid, signal.SIGKILL)
     rc, doc = cluster.status()
     assert rc == 1  # a dead worker makes status fail as before, but it answers

@@ -45,4 +45,9 @@ python3 -m smg.launch_router \
     --host n0.slurm \
     --port 37101 \
     --prometheus-host n0.slurm \
-    --prometheus-port 37102
+    --prometheus-port 37102 \
+    --health-check-interval-secs 1 \
+    --health-failure-threshold 2 \
+    --health-success-threshold 1 \
+    --health-check-timeout-secs 2 \
+    --worker-startup-check-interval 1

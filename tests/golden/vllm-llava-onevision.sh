@@ -95,4 +95,9 @@ python3 -m smg.launch_router \
     --host 10.2.0.10 \
     --port 8000 \
     --prometheus-host 10.2.0.10 \
-    --prometheus-port 29000
+    --prometheus-port 29000 \
+    --health-check-interval-secs 1 \
+    --health-failure-threshold 2 \
+    --health-success-threshold 1 \
+    --health-check-timeout-secs 2 \
+    --worker-startup-check-interval 1

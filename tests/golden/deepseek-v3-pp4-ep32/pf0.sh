@@ -30,7 +30,7 @@ env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
     --enable-metrics
 
 # router: http://10.1.0.10:8000 (metrics on port 29000), API key from $EPD_ROUTER_API_KEY
-python3 -m smg.launch_router \
+python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --pd-disaggregation \
     --prefill http://10.1.0.10:30000 30001 \
     --decode http://10.1.0.20:30000 \
@@ -38,4 +38,8 @@ python3 -m smg.launch_router \
     --port 8000 \
     --prometheus-host 10.1.0.10 \
     --prometheus-port 29000 \
-    --api-key "${EPD_ROUTER_API_KEY}"
+    --health-check-interval-secs 1 \
+    --health-failure-threshold 2 \
+    --health-success-threshold 1 \
+    --health-check-timeout-secs 2 \
+    --worker-startup-check-interval 1

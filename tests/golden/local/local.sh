@@ -46,4 +46,9 @@ python3 -m smg.launch_router \
     --host 127.0.0.1 \
     --port 31006 \
     --prometheus-host 127.0.0.1 \
-    --prometheus-port 31007
+    --prometheus-port 31007 \
+    --health-check-interval-secs 1 \
+    --health-failure-threshold 2 \
+    --health-success-threshold 1 \
+    --health-check-timeout-secs 2 \
+    --worker-startup-check-interval 1

@@ -49,7 +49,7 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
     --enable-metrics
 
 # router: http://10.0.0.11:8000 (metrics on port 29000), API key from $EPD_ROUTER_API_KEY
-python3 -m smg.launch_router \
+python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --pd-disaggregation \
     --prefill http://10.0.0.11:30000 30001 \
     --prefill http://10.0.0.11:30003 30004 \
@@ -60,4 +60,8 @@ python3 -m smg.launch_router \
     --prometheus-host 10.0.0.11 \
     --prometheus-port 29000 \
     --policy round_robin \
-    --api-key "${EPD_ROUTER_API_KEY}"
+    --health-check-interval-secs 1 \
+    --health-failure-threshold 2 \
+    --health-success-threshold 1 \
+    --health-check-timeout-secs 2 \
+    --worker-startup-check-interval 1

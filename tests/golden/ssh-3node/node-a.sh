@@ -21,4 +21,9 @@ python3 -m smg.launch_router \
     --host 127.0.0.2 \
     --port 35101 \
     --prometheus-host 127.0.0.2 \
-    --prometheus-port 35102
+    --prometheus-port 35102 \
+    --health-check-interval-secs 1 \
+    --health-failure-threshold 2 \
+    --health-success-threshold 1 \
+    --health-check-timeout-secs 2 \
+    --worker-startup-check-interval 1

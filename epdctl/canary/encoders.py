@@ -5,7 +5,7 @@ transfer to a prefill in the ``sglang:encoder_transfer_seconds`` histogram. So i
 (fresh generated images, so no cache answers them) go through the router until every
 encoder's transfer count grew, or the attempts run out; an encoder whose count never moved is
 named. The destination prefill is not in the metric's labels, so the pair reads
-``encoder->prefills``. The embedded engine gets the byte-exact check in ``pair_canary``.
+``encoder->prefills``. The embedded engine gets the byte-exact check in ``epdctl.canary.pairs``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from epdctl.bench.scrape import parse_prometheus
+from epdctl.metrics import parse
 from epdctl.errors import ProbeError
 from epdctl.probes import http
 
@@ -48,7 +48,7 @@ class EncoderResult:
 
 def encoder_counts(text: str) -> tuple[float, float] | None:
     """(transfers, items) summed over labels; None when the page has no encoder series."""
-    m = parse_prometheus(text)
+    m = parse(text)
     t = [v for k, v in m.items() if k.split("{")[0] == TRANSFERS]
     if not t:
         return None
@@ -84,8 +84,8 @@ def check_encoders(encoders: Sequence[Any], send: Callable[[int], Any],
         for e in encoders:
             r = res[e.name]
             r.requests += 1
-            now = _read(e.url)
-            if now is not None and start[e.name] is not None:
-                r.transfers = now[0] - start[e.name][0]
-                r.items = now[1] - start[e.name][1]
+            now, before = _read(e.url), start[e.name]
+            if now is not None and before is not None:
+                r.transfers = now[0] - before[0]
+                r.items = now[1] - before[1]
     return list(res.values())

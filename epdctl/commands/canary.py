@@ -1,15 +1,17 @@
-"""`epdctl check --canary [CLUSTER]`: every transfer pair of a running cluster, proven.
+"""The canary commands: `epdctl check --canary [CLUSTER]` and the end of `epdctl up`.
+
+`check --canary` proves every transfer pair of a running cluster.
 
 Why a separate command path: the preflight judges a topology before launch; this one talks to
 the recorded workers of a running cluster (resolved as `epdctl status` resolves it). Per engine:
 
 * every engine with SGLang's native API (SGLang, the embedded engine): each prefill->decode
   pair's greedy tokens against a prefill-only run of the same prefix, with the KV bytes the
-  prefill counted (``token_canary``);
+  prefill counted (``epdctl.canary.tokens``);
 * embedded: also image requests on every pair with each worker's transport bytes
-  (``pair_canary``), so every encoder->prefill pair is byte-counted;
+  (``epdctl.canary.pairs``), so every encoder->prefill pair is byte-counted;
 * SGLang with encoders: each encoder's embedding-transfer count grows under image requests
-  through the router (``encoder_canary``).
+  through the router (``epdctl.canary.encoders``).
 """
 
 from __future__ import annotations
@@ -20,32 +22,23 @@ from typing import Any
 
 import click
 
-from epdctl.commands.canary_view import render_encoders, render_pairs, render_tokens
-from epdctl.commands.cluster import _cluster_arg
-from epdctl.errors import EpdctlError
+from epdctl.canary.view import render_encoders, render_pairs, render_tokens
+from epdctl.commands.args import cluster_arg
+from epdctl.commands.render_status import render_canary
+from epdctl.errors import EpdctlError, ProbeError
 from epdctl.state import resolve_cluster
 
 
-def engine_of(workers: list[Any]) -> str:
-    """Which engine the recorded workers run, from their command lines."""
-    argv = " ".join(" ".join(w.argv) for w in workers)
-    if "epdctl.runtime" in argv:
-        return "embedded"
-    if "sglang" in argv:
-        return "sglang"
-    return "vllm" if "vllm" in argv else "unknown"
-
-
 def check_canary(cluster: str | None, as_json: bool) -> None:
-    from epdctl.token_canary import check_pairs
+    from epdctl.canary.tokens import check_pairs
 
-    cdir = resolve_cluster(_cluster_arg(cluster))
+    cdir = resolve_cluster(cluster_arg(cluster))
     state = cdir.load()
     if state is None:
         raise EpdctlError(f"cluster {cdir.name!r} is not running (nothing recorded); start it "
                           "with `epdctl up TOPOLOGY`")
-    workers = [p for p in state.processes if p.role != "router"]
-    engine = engine_of(workers)
+    workers = state.workers
+    engine = state.engine
     if engine not in ("embedded", "sglang"):
         raise EpdctlError(f"cluster {state.name!r} runs {engine}: `check --canary` drives SGLang's "
                           "bootstrap-room contract (SGLang and the embedded engine); vLLM's NIXL "
@@ -56,7 +49,7 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
     ok = all(t.ok for t in tokens)
     text = [render_tokens(tokens, state.name)]
     if engine == "embedded":
-        from epdctl.pair_canary import run_pair_canary
+        from epdctl.canary.pairs import run_pair_canary
 
         report = run_pair_canary(workers, model=state.model)
         doc["pairs"] = report.to_json()["pairs"]
@@ -76,8 +69,8 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
 
 
 def _sglang_encoders(state: Any, encs: list[Any]) -> list[Any]:
-    from epdctl.canary import run_canary
-    from epdctl.encoder_canary import check_encoders
+    from epdctl.canary.request import run_canary
+    from epdctl.canary.encoders import check_encoders
 
     def send(i: int) -> None:
         # fresh images each time (seedless): a cached embedding would not be transferred again
@@ -90,9 +83,8 @@ def _sglang_encoders(state: Any, encs: list[Any]) -> list[Any]:
 def up_token_check(workers: list[Any], cluster: str) -> str:
     """`up`'s last step: the first prefill->decode pair's tokens against a prefill-only run.
     One line when it passes; ProbeError naming the pair when it does not."""
-    from epdctl.commands.canary_view import human_bytes
-    from epdctl.errors import ProbeError
-    from epdctl.token_canary import check_pairs, role_of
+    from epdctl.canary.view import human_bytes
+    from epdctl.canary.tokens import check_pairs, role_of
 
     lead = [w for w in workers if getattr(w, "is_leader", True)]
     first = [next(w for w in lead if role_of(w) == r) for r in ("prefill", "decode")]
@@ -103,3 +95,32 @@ def up_token_check(workers: list[Any], cluster: str) -> str:
     kv = "" if r.kv_bytes is None else f", KV {human_bytes(r.kv_bytes)}"
     return (f"  tokens:   {r.label} decoded {len(r.tokens)} tokens equal to a prefill-only run"
             f"{kv}")
+
+
+def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
+    """Print the canary's lines; ProbeError (saying the cluster still runs) when it fails."""
+    from epdctl.canary.pairs import byte_deltas
+    from epdctl.canary.request import run_canary
+    from epdctl.canary.tokens import role_of
+    from epdctl.canary.view import missing_transfers, render_deltas
+
+    still = (f"the cluster is still running: inspect it with `epdctl status` and `epdctl logs`, "
+             f"stop it with `epdctl down {topo.name}`")
+    try:
+        res, deltas = byte_deltas(plan.workers, lambda: run_canary(
+            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env))
+    except ProbeError as e:
+        raise ProbeError(f"{e}\n{still}") from e
+    click.echo(render_canary(res))
+    if topo.engine == "embedded":  # other engines' /metrics carry no epd transport counters
+        roles = {w.name: role_of(w) for w in plan.workers}
+        click.echo(render_deltas(deltas, roles))
+        missing = missing_transfers(deltas, roles)
+        if missing:
+            raise ProbeError(f"canary: {'; '.join(missing)} (answer {res.answer[:80]!r}); "
+                             f"per pair: `epdctl check --canary {topo.name}`\n{still}")
+    if topo.engine in ("embedded", "sglang") and any(role_of(w) == "decode" for w in plan.workers):
+        try:
+            click.echo(up_token_check(list(plan.workers), topo.name))
+        except ProbeError as e:
+            raise ProbeError(f"{e}\n{still}") from e

@@ -1,7 +1,7 @@
 """Run workers on other machines over SSH (the ``ssh`` launcher); see docs/ssh.md.
 
 Per node, every operation is one SSH command running the agent (``ssh_agent.py``) after the
-node's setup lines; nodes are handled in parallel (``epdctl.fanout``) and one node's failure
+node's setup lines; nodes are handled in parallel (``epdctl.launchers.ssh.fanout``) and one node's failure
 never hides another's. Before the first start, every node's epdctl version must equal the
 local one: the workers need torch and the runtime on the node, which no shipped zipapp could
 carry, so a mismatch is refused with both versions rather than papered over.
@@ -18,48 +18,39 @@ import logging
 import os
 import shlex
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import epdctl
 from epdctl.errors import LaunchError
-from epdctl.fanout import fanout, raise_if_failed
-from epdctl.launchers.base import Handle, LaunchSpec, Results
-from epdctl.launchers.ssh_nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
+from epdctl.launchers.base import Results, Status
+from epdctl.state import Handle, ProcessRecord
+from epdctl.launchers.ssh.nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
                                         options_from_env, ports_of, run_agent, save_nodes)
-from epdctl.sshconn import ConnectionPool, SSHOptions
+from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
 
 log = logging.getLogger(__name__)
-_options_from_env = options_from_env  # the name epdctl.preflight.targets imports
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
 MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `epdctl logs`)
 
 
-@dataclass(frozen=True)
-class WorkerState:
-    """What `poll` saw for one worker on its node."""
-
-    alive: bool
-    tail: str = ""
-
-
 class SSHLauncher:
-    """Start, watch and stop workers on remote nodes; implements the Launcher protocol.
-
-    Built either explicitly (``topology`` or ``nodes``, and ``cluster_dir``) or with no arguments, as
-    the commands do: then the cluster is found from the first handle's log path, and its
-    nodes from ``ssh-nodes.json`` there (or from the topology that ``state.json`` names).
-    """
+    """The launcher contract over SSH. With a topology (`up`, `rebalance`) the node list is
+    written to ``ssh-nodes.json`` in the run folder; without one it is read back from there."""
 
     name = "ssh"
+    runs_here = False
 
-    def __init__(self, topology: Any = None, *, nodes: Mapping[str, NodeAccess] | None = None,
-                 cluster: str | None = None, cluster_dir: Path | None = None,
-                 options: SSHOptions | None = None, accept_new_host_keys: bool | None = None,
-                 run_root: str | None = None, settle: float = 0.5, parallel: bool = True,
-                 api_key_env: str | None = None):
-        self.options = options or options_from_env(accept_new_host_keys)
+    def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
+                 accept_new_host_keys: bool = False, *,
+                 nodes: Mapping[str, NodeAccess] | None = None, cluster: str | None = None,
+                 options: SSHOptions | None = None, run_root: str | None = None,
+                 settle: float = 0.5, parallel: bool = True):
+        """The contract's three arguments; the keyword-only rest are for tests and benchmarks
+        (explicit nodes without a topology, SSH options, the node run folder)."""
+        api_key_env: str | None = None
+        self.options = options or options_from_env(accept_new_host_keys or None)
         self.run_root = run_root or os.environ.get("EPDCTL_SSH_RUN_ROOT") or DEFAULT_RUN_ROOT
         self.settle = settle
         self.parallel = parallel
@@ -110,14 +101,8 @@ class SSHLauncher:
     def remote_dir(self, node: str) -> str:
         return f"{self.run_root.rstrip('/')}/{self.cluster}/{node}"
 
-    def remote_log(self, handle: Handle) -> str:
-        return f"{self.remote_dir(handle.node)}/{handle.name}.log"
-
-    def _local_log(self, name: str, node: str) -> Path:
-        """The handle's log: the local mirror, or the remote path without a run folder."""
-        if self.cluster_dir is None:
-            return Path(f"{self.remote_dir(node)}/{name}.log")
-        return self.cluster_dir / "logs" / f"{name}.log"
+    def remote_log(self, rec: ProcessRecord) -> str:
+        return f"{self.remote_dir(rec.node)}/{rec.name}.log"
 
     # ---- one node --------------------------------------------------------------------
 
@@ -148,140 +133,122 @@ class SSHLauncher:
         return fanout({n: n for n in wanted}, lambda n, _: self.prepare_node(n),
                       parallel=self.parallel)
 
-    def _wire(self, spec: LaunchSpec) -> dict[str, Any]:
-        acc = self._access(spec.node)
-        env = expand_local({**acc.env, **spec.env})
-        if spec.role == "router" and self.api_key_env and self.api_key_env in os.environ:
+    def _wire(self, rec: ProcessRecord) -> dict[str, Any]:
+        acc = self._access(rec.node)
+        env = expand_local({**acc.env, **rec.env})
+        if rec.role == "router" and self.api_key_env and self.api_key_env in os.environ:
             env[self.api_key_env] = os.environ[self.api_key_env]  # travels on stdin only
-        return {"name": spec.name, "argv": list(spec.argv), "env": env,
-                "ports": ports_of(spec.argv)}
+        return {"name": rec.name, "argv": list(rec.argv), "env": env,
+                "ports": ports_of(rec.argv)}
 
-    def _handle(self, spec: LaunchSpec, rec: dict[str, Any]) -> Handle:
-        return Handle(name=spec.name, role=spec.role, node=spec.node, pid=int(rec["pid"]),
-                      pgid=int(rec["pgid"]), create_time=float(rec["create_time"]),
-                      log=self._local_log(spec.name, spec.node), since=float(rec["since"]),
-                      argv=tuple(spec.argv))
-
-    def start_on_node(self, node: str, specs: list[LaunchSpec]) -> dict[str, Handle | Exception]:
+    def start_on_node(self, node: str, recs: list[ProcessRecord]) -> dict[str, Handle | Exception]:
         self.prepare_node(node)
         ans = self._agent(node, {"op": "start", "dir": self.remote_dir(node),
-                                 "workers": [self._wire(s) for s in specs],
+                                 "workers": [self._wire(r) for r in recs],
                                  "settle": self.settle, "lines": 20})
         out: dict[str, Handle | Exception] = {}
-        for s in specs:
-            rec = ans["workers"][s.name]
-            if "error" in rec:
-                out[s.name] = LaunchError(f"[{node}/{s.name}] {rec['error']}")
-            elif not rec.get("alive", True):
-                self._write_mirror(s.name, rec.get("tail", ""))
-                out[s.name] = LaunchError(
-                    f"[{node}/{s.name}] exited with status {rec.get('rc')} right after start; "
-                    f"last lines of {rec['log']} on {node}:\n{rec.get('tail', '')}")
+        for r in recs:
+            got = ans["workers"][r.name]
+            if "error" in got:
+                out[r.name] = LaunchError(f"[{node}/{r.name}] {got['error']}")
+            elif not got.get("alive", True):
+                self._write_mirror(r, got.get("tail", ""))
+                out[r.name] = LaunchError(
+                    f"[{node}/{r.name}] exited with status {got.get('rc')} right after start; "
+                    f"last lines of {got['log']} on {node}:\n{got.get('tail', '')}")
             else:
-                out[s.name] = self._handle(s, rec)
+                out[r.name] = Handle(pid=int(got["pid"]), pgid=int(got["pgid"]),
+                                     create_time=float(got["create_time"]))
         return out
 
-    # ---- Launcher protocol -----------------------------------------------------------
+    # ---- Launcher contract -----------------------------------------------------------
 
-    def start(self, spec: LaunchSpec, log: Path) -> Handle:
-        """Start one worker detached on its node (all nodes are prepared on the first call)."""
-        self._context(log)
-        if not self._prepared:
-            raise_if_failed(self.prepare(), "preparing the nodes")
-        got = self.start_on_node(spec.node, [spec])[spec.name]
-        if isinstance(got, Exception):
-            raise got
-        return got
+    def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
+        """Start many workers, one SSH command per node, nodes in parallel; per worker.
 
-    def start_many(self, specs: Iterable[LaunchSpec]) -> Results[Handle]:
-        """Start many workers, one SSH command per node, nodes in parallel; per worker."""
-        by_node: dict[str, list[LaunchSpec]] = {}
-        for s in specs:
-            by_node.setdefault(s.node, []).append(s)
-        per_node = fanout(by_node, self.start_on_node, parallel=self.parallel)
+        Every node of the cluster is prepared (version check) on the first call; when one
+        cannot be, nothing starts and LaunchError lists every bad node and the fine ones."""
+        recs = list(recs)
         res: Results[Handle] = Results()
+        if not recs:
+            return res
+        self._context(Path(recs[0].log))
+        if not self._prepared:  # every bad node reported before anything starts anywhere
+            raise_if_failed(self.prepare(), "preparing the nodes")
+        by_node = self._group(recs)
+        per_node = fanout(by_node, self.start_on_node, parallel=self.parallel)
         for node, group in by_node.items():
-            for s in group:
-                got = per_node.ok[node][s.name] if node in per_node.ok else per_node.failed[node]
+            for r in group:
+                got = per_node.ok[node][r.name] if node in per_node.ok else per_node.failed[node]
                 if isinstance(got, Exception):
-                    res.failed[s.name] = got
+                    res.failed[r.name] = got
                 else:
-                    res.ok[s.name] = got
+                    res.ok[r.name] = got
         return res
 
-    def poll(self, handles: Iterable[Handle], lines: int = 20) -> Results[WorkerState]:
+    def poll(self, recs: Sequence[ProcessRecord], lines: int = 20) -> Results[Status]:
         """Alive (same pid and start time) per worker, with the log tail of dead ones."""
-        handles = list(handles)
-        self._context(handles[0].log if handles else None)
-        by_node = self._group(handles)
-        per_node = fanout(by_node, lambda n, hs: self._agent(n, {
+        recs = list(recs)
+        res: Results[Status] = Results()
+        if not recs:
+            return res
+        self._context(Path(recs[0].log))
+        by_node = self._group([r for r in recs if r.handle is not None])
+        per_node = fanout(by_node, lambda n, rs: self._agent(n, {
             "op": "poll", "lines": lines,
-            "workers": [self._rec(h) for h in hs]})["workers"], parallel=self.parallel)
-        res: Results[WorkerState] = Results()
-        for node, hs in by_node.items():
-            for h in hs:
-                if node in per_node.failed:
-                    res.failed[h.name] = per_node.failed[node]
-                    continue
-                st = per_node.ok[node][h.name]
+            "workers": [self._rec(r) for r in rs]})["workers"], parallel=self.parallel)
+        for r in recs:
+            if r.handle is None:
+                res.ok[r.name] = Status(False)
+            elif r.node in per_node.failed:
+                res.failed[r.name] = per_node.failed[r.node]
+            else:
+                st = per_node.ok[r.node][r.name]
                 if not st["alive"]:
-                    self._write_mirror(h.name, st.get("tail", ""))
-                res.ok[h.name] = WorkerState(st["alive"], st.get("tail", ""))
+                    self._write_mirror(r, st.get("tail", ""))
+                res.ok[r.name] = Status(st["alive"], None, st.get("tail", ""))
         return res
 
-    def is_alive(self, handle: Handle) -> bool:
-        """One worker's leader is running and is the process we started (pid reuse guard).
-
-        Raises LaunchError when the node cannot be asked (unknown is not dead).
-        """
-        got = self.poll([handle])
-        got.raise_if_failed(f"checking {handle.name}")
-        return got.ok[handle.name].alive
-
-    def stop(self, handles: Iterable[Handle], grace: float = 10.0) -> Results[None]:
+    def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
         """TERM exactly the recorded process groups on every node, KILL after ``grace``.
 
         The last lines of every log are copied into the local mirror on the way out.
         """
-        handles = list(handles)
+        recs = [r for r in recs if r.handle is not None]
         res: Results[None] = Results()
-        if not handles:
+        if not recs:
             return res
-        self._context(handles[0].log)
-        by_node = self._group(handles)
-        per_node = fanout(by_node, lambda n, hs: self._agent(n, {
-            "op": "stop", "grace": grace, "workers": [self._rec(h) for h in hs],
+        self._context(Path(recs[0].log))
+        by_node = self._group(recs)
+        per_node = fanout(by_node, lambda n, rs: self._agent(n, {
+            "op": "stop", "grace": grace, "workers": [self._rec(r) for r in rs],
             "lines": MIRROR_LINES}, timeout=grace + 60)["workers"], parallel=self.parallel)
-        for node, hs in by_node.items():
-            for h in hs:
-                if node in per_node.failed:
-                    res.failed[h.name] = per_node.failed[node]
-                    continue
-                self._write_mirror(h.name, per_node.ok[node][h.name].get("tail", ""))
-                if "error" in per_node.ok[node][h.name]:
-                    res.failed[h.name] = LaunchError(
-                        f"[{node}/{h.name}] {per_node.ok[node][h.name]['error']}")
-                else:
-                    res.ok[h.name] = None
+        for r in recs:
+            if r.node in per_node.failed:
+                res.failed[r.name] = per_node.failed[r.node]
+                continue
+            got = per_node.ok[r.node][r.name]
+            self._write_mirror(r, got.get("tail", ""))
+            if "error" in got:
+                res.failed[r.name] = LaunchError(f"[{r.node}/{r.name}] {got['error']}")
+            else:
+                res.ok[r.name] = None
         return res
 
-    # ---- logs ------------------------------------------------------------------------
-
-    def tail(self, handle: Handle, lines: int = 40) -> str:
+    def logs(self, rec: ProcessRecord, lines: int = 40) -> str:
         """The last ``lines`` of the worker's log on its node (also refreshes the mirror)."""
-        self._context(handle.log)
-        ans = self._agent(handle.node, {"op": "tail", "log": self.remote_log(handle),
-                                        "lines": lines})
-        self._write_mirror(handle.name, ans["text"])
-        return ans["text"]
+        self._context(Path(rec.log))
+        ans = self._agent(rec.node, {"op": "tail", "log": self.remote_log(rec), "lines": lines})
+        self._write_mirror(rec, ans["text"])
+        return str(ans["text"])
 
-    def follow(self, handle: Handle, lines: int = 0,
+    def follow(self, rec: ProcessRecord, lines: int = 0,
                idle_timeout: float | None = None) -> Iterator[str]:
         """New lines of the remote log as they come (``tail -F``), until the caller stops
         (or ``idle_timeout`` seconds pass without a line: socket.timeout)."""
-        self._context(handle.log)
-        acc = self._access(handle.node)
-        path = self.remote_log(handle)
+        self._context(Path(rec.log))
+        acc = self._access(rec.node)
+        path = self.remote_log(rec)
         if path.startswith("~/"):
             path = "$HOME/" + shlex.quote(path[2:])
         else:
@@ -290,6 +257,12 @@ class SSHLauncher:
                                                idle_timeout)
         for raw in out:
             yield raw.rstrip("\n") if isinstance(raw, str) else raw.decode().rstrip("\n")
+
+    def place(self, text: str) -> str:
+        return text
+
+    def release(self) -> None:
+        return None
 
     def records(self, node: str) -> list[dict[str, Any]]:
         """What the node's run folder says epdctl started there (and has not stopped)."""
@@ -300,20 +273,21 @@ class SSHLauncher:
 
     # ---- helpers ---------------------------------------------------------------------
 
-    def _group(self, handles: list[Handle]) -> dict[str, list[Handle]]:
-        by_node: dict[str, list[Handle]] = {}
-        for h in handles:
-            by_node.setdefault(h.node, []).append(h)
+    def _group(self, recs: list[ProcessRecord]) -> dict[str, list[ProcessRecord]]:
+        by_node: dict[str, list[ProcessRecord]] = {}
+        for r in recs:
+            by_node.setdefault(r.node, []).append(r)
         return by_node
 
-    def _rec(self, h: Handle) -> dict[str, Any]:
-        return {"name": h.name, "pid": h.pid, "pgid": h.pgid, "create_time": h.create_time,
-                "log": self.remote_log(h)}
+    def _rec(self, r: ProcessRecord) -> dict[str, Any]:
+        assert r.handle is not None
+        return {"name": r.name, "pid": r.handle.pid, "pgid": r.handle.pgid,
+                "create_time": r.handle.create_time, "log": self.remote_log(r)}
 
-    def _write_mirror(self, name: str, text: str) -> None:
-        if self.cluster_dir is None:
+    def _write_mirror(self, rec: ProcessRecord, text: str) -> None:
+        if not rec.log or self.cluster_dir is None:
             return
-        path = self.cluster_dir / "logs" / f"{name}.log"
+        path = Path(rec.log)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"=== epdctl: last lines of the remote log, fetched "
                         f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n{text}\n")

@@ -6,7 +6,7 @@ one describes a running cluster's transfers, pair by pair, with the workers' own
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 
 def human_bytes(n: float) -> str:
@@ -65,7 +65,7 @@ def missing_transfers(deltas: dict[str, Any], roles: dict[str, str]) -> list[str
     return out
 
 
-def _table(rows: list[tuple[str, ...]], reasons: list[str]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]], reasons: list[str]) -> list[str]:
     w = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
     return ["  ".join(row[k].ljust(w[k]) for k in range(len(row))).rstrip()
             + (f"  {why}" if why else "") for row, why in zip(rows, reasons)]

@@ -1,0 +1,14 @@
+"""What several commands accept the same way: a CLUSTER argument that may be a topology file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def cluster_arg(arg: str | None) -> str | None:
+    """CLUSTER or TOPOLOGY file -> cluster name (a topology's cluster is named after it)."""
+    if arg and (arg.endswith((".yaml", ".yml")) or "/" in arg) and Path(arg).is_file():
+        from epdctl.topology import load_topology
+
+        return load_topology(Path(arg)).name
+    return arg
