@@ -32,9 +32,9 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 
 from epdctl.cli import main
-import epdctl.commands.cluster, epdctl.commands.up_canary, epdctl.commands.preflight_gate
+import epdctl.commands.cluster, epdctl.commands.canary, epdctl.commands.preflight_gate
 import epdctl.launchers.local, epdctl.launchers.ssh, epdctl.slurm.launcher, epdctl.launchers.lifecycle
-import epdctl.canary, epdctl.pair_canary, epdctl.rebalance.links, epdctl.shapes
+import epdctl.canary, epdctl.canary.pairs, epdctl.rebalance.links, epdctl.shapes
 from epdctl import shapes
 from epdctl.canary import run_canary
 

@@ -53,7 +53,7 @@ def init(hosts: str | None, pattern: str | None, use_slurm: bool, model_path: st
         runners = reach.slurm_runners(dests, python, setup)
         how = f"srun in SLURM job {os.environ.get('SLURM_JOB_ID', '?')}"
     else:
-        from epdctl.launchers.ssh_nodes import options_from_env
+        from epdctl.launchers.ssh.nodes import options_from_env
 
         dests = reach.split_hosts(hosts) if hosts else reach.ssh_config_hosts(pattern or "", os.environ.get(
             "EPDCTL_SSH_CONFIG") or None)
@@ -61,7 +61,7 @@ def init(hosts: str | None, pattern: str | None, use_slurm: bool, model_path: st
         if ssh_key:
             from dataclasses import replace
 
-            from epdctl.sshconfig import parse_destination
+            from epdctl.launchers.ssh.config import parse_destination
             dests_t = {d: replace(parse_destination(d, names[d]), key=ssh_key) for d in dests}
         else:
             dests_t = None

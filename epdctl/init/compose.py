@@ -22,7 +22,7 @@ from pathlib import Path
 
 from epdctl.errors import EpdctlError
 from epdctl.init.inventory import Inventory
-from epdctl.sshconfig import parse_destination
+from epdctl.launchers.ssh.config import parse_destination
 from epdctl.topology.checks import SGLANG_EPD_ARCHITECTURES
 
 WEIGHT_SHARE = 0.6  # of one GPU's memory for a worker's share of the weights; the rest is KV cache

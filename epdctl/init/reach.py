@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from epdctl.errors import EpdctlError
-from epdctl.fanout import fanout
+from epdctl.launchers.ssh.fanout import fanout
 from epdctl.preflight import agent
 from epdctl.preflight.records import Facts
 from epdctl.preflight.runners import LocalRunner, NodeRunner, SSHRunner
@@ -92,8 +92,8 @@ def ssh_runners(hosts: Sequence[str], names: Mapping[str, str], options: object,
                 setup: tuple[str, ...], targets: Mapping[str, object] | None = None
                 ) -> tuple[dict[str, NodeRunner], object]:
     """(runners, the connection pool to close afterwards); host keys are checked as `up` does."""
-    from epdctl.sshconfig import parse_destination
-    from epdctl.sshconn import ConnectionPool
+    from epdctl.launchers.ssh.config import parse_destination
+    from epdctl.launchers.ssh.conn import ConnectionPool
 
     pool = ConnectionPool(options)  # type: ignore[arg-type]
     out: dict[str, NodeRunner] = {}
