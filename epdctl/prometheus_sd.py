@@ -43,7 +43,7 @@ def _address(host: str, port: int | str) -> str:
 
 def _target(p: ProcessRecord) -> str | None:
     if p.role == "router":
-        port = _argv_value(p.argv, "--prometheus-port")
+        port = p.prometheus_port or _argv_value(p.argv, "--prometheus-port")
         return _address(_argv_value(p.argv, "--prometheus-host") or p.host, port) if port else None
     if not p.is_leader:
         return None

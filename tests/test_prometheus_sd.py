@@ -14,8 +14,8 @@ from epdctl.state import ClusterDir, ClusterState, ProcessRecord
 
 def _proc(name: str, role: str, node: str, url: str, **kw: object) -> ProcessRecord:
     host, _, port = url.split("//")[1].rpartition(":")
-    base = dict(name=name, role=role, node=node, host=host, port=int(port), url=url, pid=1, pgid=1,
-                create_time=0.0, log="", since=0.0, argv=[])
+    base = dict(name=name, role=role, node=node, host=host, port=int(port), url=url, log="", since=0.0,
+                argv=[])
     return ProcessRecord(**{**base, **kw})  # type: ignore[arg-type]
 
 
