@@ -137,7 +137,7 @@ def _epdctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def sshd_port() -> int:
-    return 35122
+    return 35422
 
 
 def test_init_over_ssh_on_real_sshd_nodes(sshd, tmp_path: Path) -> None:  # noqa: F811

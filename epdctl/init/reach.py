@@ -22,7 +22,20 @@ from epdctl.preflight import agent
 from epdctl.preflight.records import Facts
 from epdctl.preflight.runners import LocalRunner, NodeRunner, SSHRunner
 
-AGENT_SOURCE = Path(agent.__file__).read_text(encoding="utf-8")
+def _standalone_agent() -> str:
+    """The check agent as one self-contained script: its sysfs helper module (standard library
+    only) is inlined, so a node needs Python 3 but not epdctl."""
+    from epdctl.preflight import sysfs_rdma
+    src = Path(agent.__file__).read_text(encoding="utf-8")
+    helper = Path(sysfs_rdma.__file__).read_text(encoding="utf-8")
+    line = "from epdctl.preflight import sysfs_rdma"
+    inline = ("import sys as _sys, types as _types\n"
+              "sysfs_rdma = _types.ModuleType('sysfs_rdma'); _sys.modules['sysfs_rdma'] = sysfs_rdma\n"
+              f"exec(compile({helper!r}, 'sysfs_rdma.py', 'exec'), sysfs_rdma.__dict__)")
+    return "\n".join(inline if ln.startswith(line) else ln for ln in src.split("\n"))
+
+
+AGENT_SOURCE = _standalone_agent()
 FACTS_TIMEOUT = 90.0
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
 
