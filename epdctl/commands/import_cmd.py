@@ -70,6 +70,6 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
     if problems:
         click.secho(f"the imported topology renders but does not validate ({len(problems)} problem(s)); complete "
                     f"it, then `epdctl validate`:", fg="yellow", err=True)
-        for p in problems:
-            click.echo(f"  {p}", err=True)
+        for q in problems:
+            click.echo(f"  {q}", err=True)
         sys.exit(1)

@@ -157,7 +157,7 @@ class Assembler:
                 continue  # model.dtype
             elif bad:
                 self.notes.append(f"{s.cmd.where}: dropped {flag} {' '.join(vals)}: SGLang 0.5.23 does not accept "
-                                  f"{', '.join(bad)} (choices: {', '.join(opt.choices or ())}); pick one and add it "
+                                  f"{', '.join(bad)} (choices: {', '.join((opt.choices if opt else None) or ())}); pick one and add it "
                                   f"to {path}.args")
                 self.note(path, f"dropped {flag} {' '.join(vals)} (not accepted by SGLang 0.5.23; see the notes above)")
             elif flag not in WIRING_ALL or flag in ("--mem-fraction-static",) + tuple(
@@ -175,9 +175,9 @@ class Assembler:
         elif ib:
             nics = [n for n in ib.split(",") if n]
             for n in names:
-                node = self.nodes[n]
-                have = {x["name"] for x in node.setdefault("nics", [])}
-                node["nics"] += [{"name": x, "kind": "ib"} for x in nics if x not in have]
+                nd = self.nodes[n]
+                have = {x["name"] for x in nd.setdefault("nics", [])}
+                nd["nics"] += [{"name": x, "kind": "ib"} for x in nics if x not in have]
         if args:
             out["args"] = args
         per = _gpus(out)

@@ -132,7 +132,7 @@ def secret_env(env: dict[str, str], path: str, comments: dict[str, str]) -> dict
 
 
 def check_single(servers: list[Launch], flag: str, what: str) -> str | None:
-    vals = {s.get(flag) for s in servers if s.get(flag) is not None}
+    vals = {v for s in servers if (v := s.get(flag)) is not None}
     if len(vals) > 1:
         raise ScriptError(f"the commands use {len(vals)} different {what} ({', '.join(sorted(vals))}); one "
                            f"topology serves one model: import the sets separately")

@@ -72,7 +72,7 @@ def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
     pd = [w.lead for w in workers if w.role in ("prefill", "decode")]
     out: dict[str, Any] = {}
     if a.engine == "sglang":
-        backends = {s.get("--disaggregation-transfer-backend", "mooncake") for s in pd}
+        backends = {s.get("--disaggregation-transfer-backend") or "mooncake" for s in pd}
         backend = sorted(backends)[0] if backends else "zmq"
         if len(backends) > 1:
             a.notes.append(f"prefill and decode use different KV transfer backends ({', '.join(sorted(backends))}); "
@@ -86,8 +86,8 @@ def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
                                                     for x in listed):
             out["rdma"] = "auto"
             a.c["transfer.rdma"] = "no NIC list in --disaggregation-ib-device: RDMA, SGLang finds the devices"
-        enc = {s.get("--encoder-transfer-backend") for w in workers for s in [w.lead]
-               if w.role in ("encoder", "prefill") and s.get("--encoder-transfer-backend") in EMBEDDINGS}
+        enc = {e for w in workers if w.role in ("encoder", "prefill")
+               for e in [w.lead.get("--encoder-transfer-backend")] if e is not None and e in EMBEDDINGS}
         if enc:
             out["embeddings"] = EMBEDDINGS[sorted(enc)[0]]
     else:

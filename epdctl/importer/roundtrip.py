@@ -92,9 +92,9 @@ def compare(d: Draft, text: str) -> list[CommandResult]:
             rendered = vllm_common([("--model", [spec.argv[2]])] + rendered)
         for f, v in rendered:
             got.setdefault(f, []).extend(v)
-        for k, v in {**launch.cmd.exported, **launch.cmd.env}.items():
-            if spec.env.get(k) != v and not (spec.env.get(k) == "${" + k + "}"):  # secrets become references
-                res.env_missing.append(f"{k}={v}")
+        for k, val in {**launch.cmd.exported, **launch.cmd.env}.items():
+            if spec.env.get(k) != val and not (spec.env.get(k) == "${" + k + "}"):  # secrets become references
+                res.env_missing.append(f"{k}={val}")
         for f, v in want:
             if _same(f, v, got.get(f), topo.node(spec.node).host, table):
                 res.matched += 1

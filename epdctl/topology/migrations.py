@@ -171,7 +171,7 @@ def _resolve_context(out: list[str], applied: list[Applied], table: FlagTable) -
             if at >= 0 and dp is not None:
                 width = 1 if "=" in out[at] else 2
                 del out[at:at + width]
-                new = ("--attn-dp-size", dp)
+                new: tuple[str, ...] = ("--attn-dp-size", dp)
                 out[at:at] = list(new)
                 old = a.old + (("--dp-size", dp) if width == 2 else (f"--dp-size={dp}",))
             else:
