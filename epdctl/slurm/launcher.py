@@ -174,8 +174,8 @@ class SlurmLauncher:
                     del pending[name]
                 elif proc.poll() is not None:
                     res.failed[name] = LaunchError(
-                        f"[{rec.node}/{name}] srun exited with status {proc.returncode} before "
-                        f"its step ran; last lines of {rec.log}:\n{tail(Path(rec.log), 20)}")
+                        f"[{rec.node}/{name}] died during startup (srun exited with status "
+                        f"{proc.returncode}); last lines of {rec.log}:\n{tail(Path(rec.log), 20)}")
                     del pending[name]
             if pending and time.monotonic() > deadline:
                 for name, rec in pending.items():
@@ -222,10 +222,13 @@ class SlurmLauncher:
         try:
             for job in {r.handle.job for r in recs if r.handle and r.handle.job}:
                 by_job[job] = set(steps.list_steps(job))
-                if not by_job[job]:
-                    info = jobs.poll([job])[job]
-                    if info.state != "RUNNING":
-                        gone[job] = jobs.ended(info)
+                wanted = {r.handle.step_id for r in recs if r.handle and r.handle.job == job and r.handle.step_id}
+                if not by_job[job] or wanted - by_job[job]:
+                    # a step is gone: when the allocation itself ended (time limit, node failure,
+                    # scancel), that is the cause to report, not the step's own last lines
+                    why = _job_end(job)
+                    if why:
+                        gone[job] = why
         except LaunchError as e:
             return Results(failed={r.name: e for r in recs})
         for r in recs:
@@ -289,3 +292,17 @@ def _plan(topo: Any) -> Any:
     from epdctl.render import build_plan
 
     return build_plan(topo)
+
+
+def _job_end(job: str, settle: float = 3.0) -> str | None:
+    """Why ``job`` no longer runs, or None while it runs. A job the scheduler is ending shows
+    COMPLETING for a moment before its final state (TIMEOUT, CANCELLED, NODE_FAIL ...): wait
+    ``settle`` seconds for that state, which says what to change."""
+    deadline = time.monotonic() + settle
+    while True:
+        info = jobs.poll([job])[job]
+        if info.state == "RUNNING":
+            return None
+        if info.state != "COMPLETING" or time.monotonic() > deadline:
+            return jobs.ended(info)
+        time.sleep(0.3)
