@@ -116,8 +116,8 @@ def runners_for(topo: Any, ssh_options: Any = None) -> Mapping[str, NodeRunner]:
         # as the local launcher does: a bare python is the interpreter epdctl runs in
         python = sys.executable if topo.python in ("python", "python3") else topo.python
         return {n: LocalRunner(n, python=python) for n in names}
-    from epdctl.launchers.ssh import _options_from_env, nodes_from_topology
-    from epdctl.sshconn import ConnectionPool
+    from epdctl.launchers.ssh.nodes import nodes_from_topology, options_from_env as _options_from_env
+    from epdctl.launchers.ssh.conn import ConnectionPool
 
     access = nodes_from_topology(topo)
     pool = ConnectionPool(ssh_options or _options_from_env(None))
