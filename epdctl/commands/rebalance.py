@@ -33,6 +33,7 @@ def _print_plan(rp: Any) -> None:
     for i, m in enumerate(rp.moves, 1):
         click.echo(f"  {i}. {m.worker} ({m.old_role}) -> {m.new_name} ({m.new_role}) on "
                    f"{','.join(m.nodes)}, port {m.port}")
+        click.echo(f"     path: {m.path} ({m.why})")
     click.echo("\ntopology:")
     for ln in topology_diff(rp):
         click.secho(ln, fg="green" if ln.startswith("+") else "red" if ln.startswith("-")
@@ -50,6 +51,8 @@ def _on_step(step: Any) -> None:
         click.echo(f"  [{step.move}] {step.step:<8} {step.seconds:6.2f}s")
     elif step.step == "rollback" and step.detail:
         click.secho(f"  [{step.move}] ROLLBACK: {step.detail}", fg="yellow")
+    elif step.step == "fallback":
+        click.secho(f"  [{step.move}] {step.detail}", fg="yellow")
     elif step.step == "done":
         click.secho(f"  [{step.move}] done in {step.seconds:.1f}s", fg="green")
 
@@ -74,6 +77,9 @@ def _report(rec: dict[str, Any]) -> None:
     colour = {"done": "green", "rolled_back": "yellow"}.get(rec["outcome"], "red")
     click.secho(f"rebalance {rec['id']}: {rec['outcome']}", fg=colour)
     for m in rec["moves"]:
+        if m.get("taken"):
+            click.echo(f"  {m['move']['worker']} -> {m['move']['new_name']}: {m['taken']}, "
+                       f"{sum(m['steps'].values()):.1f}s")
         if m["error"]:
             click.echo(f"  {m['move']['worker']} -> {m['move']['new_name']}: {m['outcome']} "
                        f"({m['error']})")

@@ -10,6 +10,7 @@ live rebalancing.
 from __future__ import annotations
 
 from epdctl.render.context import WorkerContext
+from epdctl.topology.inplace import switchable
 from epdctl.topology.model import Role
 
 HEALTH_PATH = "/health"
@@ -65,6 +66,10 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
                      str(ctx.leader_ports["encoder_bootstrap"])] + _encoder_backend(ctx)
     elif w.role is Role.DECODE:
         argv += ["--disaggregation-mode", "decode"] + _transfer(ctx)
+        if switchable(topo, w):  # a role-switch instance runs its bootstrap server in both roles
+            argv += ["--disaggregation-bootstrap-port", str(ctx.leader_ports["bootstrap"])]
+    if switchable(topo, w):
+        argv += ["--enable-pd-role-switch"]
     if s.chunked_prefill_size is not None and w.role is not Role.ENCODER:
         argv += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
     if s.page_size is not None and w.role is not Role.ENCODER:
