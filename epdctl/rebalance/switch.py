@@ -64,7 +64,9 @@ def _answer(url: str, path: str, r: Any) -> dict[str, Any]:
     if r.status == 0:
         raise SwitchError(f"{url}: POST {path}: no answer ({r.error})", restorable=False)
     if not r.ok or not isinstance(doc, dict) or doc.get("success") is False:
-        msg = (doc.get("message") or (doc.get("error") or {}).get("message")) if isinstance(doc, dict) else None
+        err = doc.get("error") if isinstance(doc, dict) else None
+        msg = (doc.get("message") or (err.get("message") if isinstance(err, dict) else err)
+               if isinstance(doc, dict) else None)
         restorable = bool(doc.get("safe_to_restore", True)) if isinstance(doc, dict) else True
         raise SwitchError(f"{url}: POST {path} -> HTTP {r.status}: "
                           f"{msg or r.body[:200].decode(errors='replace')}", restorable)
