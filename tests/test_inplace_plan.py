@@ -137,3 +137,35 @@ rebalance: {{inplace: true}}
 roles: {{colocated: {{nodes: [local], count: 1}}}}
 """)
     assert "rebalance" in str(e.value) and "inplace" in str(e.value)
+
+
+def test_validate_reports_what_a_switchable_worker_holds(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from epdctl.commands.validate import validate
+    from epdctl.topology.weights import read_split
+
+    split = read_split(MODEL)
+    size = (Path(MODEL) / "model.safetensors").stat().st_size
+    assert split is not None and split.vision > 0 and split.language > 0
+    assert 0.95 * size < split.vision + split.language <= size      # every tensor, header aside
+    f = tmp_path / "t.yaml"
+    f.write_text(f"""
+name: ip
+engine: embedded
+model: {{path: {MODEL}, served_name: tiny}}
+ports: {{base: 38500, limit: 38599}}
+nodes: [{{name: local, host: 127.0.0.1, shared: true}}]
+rebalance: {{in_place: true}}
+roles:
+  encoder: {{nodes: [local], count: 1}}
+  prefill: {{nodes: [local], count: 1}}
+  decode: {{nodes: [local], count: 2}}
+""")
+    out = CliRunner().invoke(validate, [str(f)]).output
+    assert "2 switchable decode(s)" in out and "1 switchable encoder(s)" in out
+    assert "over the role alone" in out
+    from epdctl.topology.weights import switchable_memory
+    (line,) = switchable_memory(sglang_pd())
+    assert "3 prefill/decode worker(s) start --enable-pd-role-switch" in line
+    assert switchable_memory(sglang_pd(encoders=True)) == []

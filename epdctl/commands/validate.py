@@ -10,6 +10,7 @@ from epdctl.errors import EpdctlError, TopologyError
 from epdctl.render import build_plan
 from epdctl.topology import load_topology
 from epdctl.topology.model import Role
+from epdctl.topology.weights import switchable_memory
 
 
 @click.command("validate")
@@ -32,3 +33,5 @@ def validate(topology: str) -> None:
     procs = len(plan.workers) + (1 if plan.router else 0)
     click.echo(f"OK: {topo.name}: engine {topo.engine}, {len(topo.nodes)} node(s), {counts}{router}; "
                f"{procs} process(es) planned")
+    for line in switchable_memory(topo):
+        click.echo(f"  {line}")
