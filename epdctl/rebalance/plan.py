@@ -239,6 +239,12 @@ def _one_move(topo: Topology, src_role: Role, target: Role) -> tuple[Move, Topol
                          "\n".join(errors))
 
 
+def force_restart(rp: RebalancePlan) -> RebalancePlan:
+    """The same plan with every move restarting its worker (``rebalance --restart``)."""
+    moves = tuple(dataclasses.replace(m, path="restart", why="--restart asked for it") for m in rp.moves)
+    return dataclasses.replace(rp, moves=moves)
+
+
 def topology_diff(rp: RebalancePlan) -> list[str]:
     """Role map before/after, one line per worker, as a unified diff."""
     def lines(t: Topology) -> list[str]:
