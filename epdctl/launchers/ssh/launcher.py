@@ -36,15 +36,10 @@ MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `e
 
 
 class SSHLauncher:
-    """Start, watch and stop workers on remote nodes; implements the Launcher protocol.
-
-    Built either explicitly (``topology`` or ``nodes``, and ``cluster_dir``) or with no arguments, as
-    the commands do: then the cluster is found from the first handle's log path, and its
-    nodes from ``ssh-nodes.json`` there (or from the topology that ``state.json`` names).
-    """
+    """The launcher contract over SSH. With a topology (`up`, `rebalance`) the node list is
+    written to ``ssh-nodes.json`` in the run folder; without one it is read back from there."""
 
     name = "ssh"
-
     runs_here = False
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
