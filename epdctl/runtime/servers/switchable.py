@@ -52,6 +52,7 @@ class RoleHost:
     def __init__(self, args: Any, bundle: Any, parse: Parse,
                  build: Callable[[Any, Any], Awaitable[Served]] = build_role):
         self.args = args
+        self.key_env: str | None = getattr(args, "api_key_env", None)  # fixed at start, not by a switch
         self.bundle = bundle
         self.parse = parse
         self.build = build
@@ -94,8 +95,7 @@ class RoleHost:
     # -- switching -----------------------------------------------------------------------------
 
     def authorize(self, request: web.Request) -> None:
-        name = getattr(self.args, "api_key_env", None)
-        key = os.environ.get(name) if name else None
+        key = os.environ.get(self.key_env) if self.key_env else None
         if not key:
             return
         given = request.headers.get("Authorization", "")
@@ -165,8 +165,6 @@ class RoleHost:
         metrics = getattr(served.server, "metrics", None)
         if prev is not None and isinstance(metrics, Registry):
             metrics.carry_over(prev)
-        if isinstance(metrics, Registry):
-            self.registries[args.role] = metrics
         try:
             self.extra = await start_runners(served.extra)
             if served.on_ready is not None:
@@ -176,6 +174,8 @@ class RoleHost:
             self.extra = []
             await quietly(served.on_stop)
             raise
+        if isinstance(metrics, Registry):
+            self.registries[args.role] = metrics
         self.args, self.current = args, served
 
     async def _teardown(self) -> None:
