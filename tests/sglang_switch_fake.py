@@ -27,14 +27,15 @@ FIELDS = {"new_role", "decode_cuda_graph_bs", "decode_cuda_graph_memory_gb", "pr
 
 class FakeSGLang:
     def __init__(self, role: str, *, enabled: bool = True, api_key: str | None = None,
-                 graph_gb: float = 1.25, graphs_captured: bool = False):
+                 graph_gb: float = 1.25, graphs_captured: bool = False, host: str = "127.0.0.1",
+                 port: int = 0):
         self.role, self.enabled, self.api_key = role, enabled, api_key
         self.graph_gb, self.graphs_captured = graph_gb, graphs_captured
         self.running = 0
         self.paused = False
         self.calls: list[tuple[str, str, Any]] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, port), self._handler())
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
