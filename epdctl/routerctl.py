@@ -114,6 +114,12 @@ class RouterClient:
             raise LaunchError(f"router {self.url} accepted {url} but returned no worker id")
         return str(wid)
 
+    def set_drain_settle(self, worker_id: str, seconds: float) -> bool:
+        """smg ``PATCH /workers/{id} {"health": {"drain_settle_secs": N}}``: how long a removal
+        waits before the worker leaves the router. False when the router has no such API."""
+        return self._call("PATCH", f"/workers/{worker_id}",
+                          {"health": {"drain_settle_secs": int(seconds)}}).ok
+
     def remove_worker(self, worker_id: str) -> None:
         """`DELETE /workers/{id}` (asynchronous on smg's side)."""
         self._json("DELETE", f"/workers/{worker_id}")

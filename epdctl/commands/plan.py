@@ -158,7 +158,9 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
     if compare_all:
         splits += [s for s in _same_total(peak.split.counts) if s not in splits]
     others = [planner.evaluate(prof, peak.demand, s, cost, cores) for s in splits]
+    from epdctl.topology.weights import switchable_memory
     doc = {"topology": str(topology), "workload": w.describe(), "host_cores": cores,
+           "in_place_memory": switchable_memory(topo),
            "peak": peak.to_dict(),
            "hours": {str(h): r.to_dict() for h, r in hours.items()},
            "compare": [o.to_dict() for o in others]}
@@ -184,6 +186,8 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
         click.echo(f"peak {peak_rate:g} req/s" + (f", workers sharing {cores:g} cores:" if cores
                                                    else ":"))
         for line in peak.explain():
+            click.echo("  " + line)
+        for line in doc["in_place_memory"]:
             click.echo("  " + line)
         for o in others:
             click.echo(f"  compare {o.ratio()} ({o.cost} {unit}): predicted TTFT "

@@ -33,6 +33,7 @@ def _print_plan(rp: Any) -> None:
     for i, m in enumerate(rp.moves, 1):
         click.echo(f"  {i}. {m.worker} ({m.old_role}) -> {m.new_name} ({m.new_role}) on "
                    f"{','.join(m.nodes)}, port {m.port}")
+        click.echo(f"     path: {m.path} ({m.why})")
     click.echo("\ntopology:")
     for ln in topology_diff(rp):
         click.secho(ln, fg="green" if ln.startswith("+") else "red" if ln.startswith("-")
@@ -50,6 +51,8 @@ def _on_step(step: Any) -> None:
         click.echo(f"  [{step.move}] {step.step:<8} {step.seconds:6.2f}s")
     elif step.step == "rollback" and step.detail:
         click.secho(f"  [{step.move}] ROLLBACK: {step.detail}", fg="yellow")
+    elif step.step == "fallback":
+        click.secho(f"  [{step.move}] {step.detail}", fg="yellow")
     elif step.step == "done":
         click.secho(f"  [{step.move}] done in {step.seconds:.1f}s", fg="green")
 
@@ -74,6 +77,9 @@ def _report(rec: dict[str, Any]) -> None:
     colour = {"done": "green", "rolled_back": "yellow"}.get(rec["outcome"], "red")
     click.secho(f"rebalance {rec['id']}: {rec['outcome']}", fg=colour)
     for m in rec["moves"]:
+        if m.get("taken"):
+            click.echo(f"  {m['move']['worker']} -> {m['move']['new_name']}: {m['taken']}, "
+                       f"{sum(m['steps'].values()):.1f}s")
         if m["error"]:
             click.echo(f"  {m['move']['worker']} -> {m['move']['new_name']}: {m['outcome']} "
                        f"({m['error']})")
@@ -95,6 +101,8 @@ def _report(rec: dict[str, Any]) -> None:
 @click.option("--timeout", type=float, default=300.0, show_default=True,
               help="Seconds a worker may take to become healthy in its new role.")
 @click.option("--no-verify", is_flag=True, help="Skip the post-move link check (canary).")
+@click.option("--restart", "force_restart", is_flag=True,
+              help="Restart moved workers even where they could switch role in place.")
 @click.option("--auto", "auto", is_flag=True, help="Run the policy loop instead.")
 @click.option("--apply", "auto_apply", is_flag=True, help="--auto: apply moves (else propose).")
 @click.option("--interval", type=float, default=5.0, show_default=True, help="--auto: seconds.")
@@ -110,17 +118,20 @@ def _report(rec: dict[str, Any]) -> None:
 @click.option("--ttft-target", type=float, default=None, help="--auto: TTFT target (s).")
 def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
               d_decode: str | None, source: str | None, dry_run: bool, yes: bool,
-              drain_timeout: float, timeout: float, no_verify: bool, auto: bool,
+              drain_timeout: float, timeout: float, no_verify: bool, force_restart: bool,
+              auto: bool,
               auto_apply: bool, interval: float, iterations: int, sustain: int,
               cooldown: float, queue_high: float, queue_low: float,
               ttft_target: float | None) -> None:
     """Move workers of a running CLUSTER between roles without dropping requests.
 
     Example: `epdctl rebalance --encoder +1 --from decode`. Each moved worker is drained,
-    restarted in its new role, re-registered and link-checked; a failed start rolls back.
+    switched in place (workers started switchable, rebalance.in_place) or restarted in its new
+    role, re-registered and link-checked; a failed start rolls back.
     """
     from epdctl.rebalance.current import current_topology
     from epdctl.rebalance.execute import Options
+    from epdctl.rebalance.plan import force_restart as restart_all
     from epdctl.rebalance.plan import parse_delta, plan_rebalance
 
     cdir, state = _cluster(cluster)
@@ -143,6 +154,8 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
               "prefill": parse_delta(d_prefill, "--prefill"),
               "decode": parse_delta(d_decode, "--decode")}
     rp = plan_rebalance(topo, deltas, source)
+    if force_restart:
+        rp = restart_all(rp)
     _print_plan(rp)
     if dry_run:
         click.echo("\n(dry run: nothing changed)")
@@ -150,7 +163,8 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
     if not yes and not click.confirm(f"\napply {len(rp.moves)} move(s) to cluster "
                                      f"{state.name}?", default=False):
         raise click.exceptions.Abort()
-    request = {"deltas": {k: v for k, v in deltas.items() if v}, "from": source}
+    request = {"deltas": {k: v for k, v in deltas.items() if v}, "from": source,
+               **({"restart": True} if force_restart else {})}
     _report(_execute(cdir, rp, request, opts))
 
 

@@ -16,6 +16,7 @@ from epdctl.topology import load_topology
 from epdctl.topology.fixes import Fix, find_fixes
 from epdctl.topology.loader import load_document
 from epdctl.topology.model import Role
+from epdctl.topology.weights import switchable_memory
 
 
 def _advice(topology: str) -> list[Fix]:
@@ -71,3 +72,5 @@ def validate(topology: str, fix: bool) -> None:
     procs = len(plan.workers) + (1 if plan.router else 0)
     click.echo(f"OK: {topo.name}: engine {topo.engine}, {len(topo.nodes)} node(s), {counts}{router}; "
                f"{procs} process(es) planned")
+    for line in switchable_memory(topo):
+        click.echo(f"  {line}")

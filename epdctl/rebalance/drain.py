@@ -37,13 +37,18 @@ def _poll(check: Callable[[], bool], timeout: float, interval: float = 0.25) -> 
 
 # -- router (prefill / decode) ---------------------------------------------------------------
 
-def router_remove(client: RouterClient, url: str, timeout: float = 30.0) -> bool:
+def router_remove(client: RouterClient, url: str, timeout: float = 30.0, fast: bool = True) -> bool:
     """Remove ``url`` from the router and wait until it is no longer listed.
 
-    Returns False when it was not registered (nothing to do)."""
+    ``fast``: first set the worker's removal settle to 0 (smg ``PATCH /workers/{id}``): smg
+    stops routing to a worker at once on ``DELETE`` (status ``draining``) and otherwise keeps it
+    listed for its 5 s settle; epdctl waits for the worker's own in-flight requests instead
+    (``wait_loads_idle``). Returns False when it was not registered (nothing to do)."""
     rec = client.find(url)
     if rec is None:
         return False
+    if fast and not client.set_drain_settle(rec.id, 0):
+        log.info("router %s has no PATCH /workers: waiting for its own removal settle", client.url)
     client.remove_worker(rec.id)
     if not _poll(lambda: client.find(url) is None, timeout):
         raise DrainError(f"router {client.url} still lists {url} {timeout:.0f}s after "
@@ -112,8 +117,15 @@ def loads_idle(url: str) -> bool:
     return load is None or (load.running == 0 and load.waiting == 0)
 
 
-def wait_loads_idle(url: str, timeout: float) -> None:
-    if not _poll(lambda: loads_idle(url), timeout):
+def wait_loads_idle(url: str, timeout: float, quiet: float = 0.3) -> None:
+    """Idle per ``/v1/loads`` and still idle ``quiet`` seconds later (a request the router sent
+    just before the removal has arrived by then)."""
+    def settled() -> bool:
+        if not loads_idle(url):
+            return False
+        time.sleep(quiet)
+        return loads_idle(url)
+    if not _poll(settled, timeout):
         raise DrainError(f"{url} still has requests in flight after {timeout:.0f}s (/v1/loads)")
 
 
@@ -121,7 +133,7 @@ def _sum(values: dict[str, float], suffix: str) -> float:
     return sum(v for k, v in values.items() if k.endswith(suffix))
 
 
-def wait_encoder_idle(url: str, timeout: float, quiet: float = 1.0) -> None:
+def wait_encoder_idle(url: str, timeout: float, quiet: float = 0.5) -> None:
     """Queue empty and the request counter unchanged for ``quiet`` seconds."""
     deadline = time.monotonic() + timeout
     last: float | None = None

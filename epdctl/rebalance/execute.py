@@ -28,6 +28,7 @@ from epdctl.launchers.base import Launcher
 from epdctl.launchers.lifecycle import BringUp
 from epdctl.rebalance import drain as dr
 from epdctl.rebalance import history, links
+from epdctl.rebalance import switch as sw
 from epdctl.rebalance.plan import Move, RebalancePlan, apply_move
 from epdctl.rebalance.steps import MoveResult, Step, Timer, summary
 from epdctl.render import build_plan
@@ -128,14 +129,18 @@ class Executor:
             res.outcome = "rolled_back"
             self.on_step(Step(label, "rollback", detail=res.error))
             return cur
-        with timed("stop"):
-            self._stop(m.worker)
+        switched = m.path == "in-place" and self._in_place(m, old, new, res, timed)
+        res.taken = "in-place" if switched else "restart"
+        if not switched:
+            with timed("stop"):
+                self._stop(m.worker)
         try:
-            inject = shlex.split(os.environ.get(INJECT_ENV, ""))
-            with timed("start"):
-                recs = self._start(new, inject)
-            with timed("ready"):
-                self._bring_up.wait(recs)
+            if not switched:
+                inject = shlex.split(os.environ.get(INJECT_ENV, ""))
+                with timed("start"):
+                    recs = self._start(new, inject)
+                with timed("ready"):
+                    self._bring_up.wait(recs)
             with timed("register"):
                 self._register(m.new_role, new[0], _registries(plan_new, exclude=m.new_name))
             if self.opts.verify:
@@ -156,6 +161,39 @@ class Executor:
         res.outcome = "done"
         self.on_step(Step(label, "done", sum(res.steps.values())))
         return after
+
+    def _in_place(self, m: Move, old: list[WorkerSpec], new: list[WorkerSpec], res: MoveResult,
+                  timed: Timer) -> bool:
+        """Switch the drained worker's role in its running process; False: restart it instead."""
+        recs = self.state.ranks(m.worker)
+        if not recs or not sw.started_switchable(self.state.engine, recs[0].argv):
+            res.note = "its process was not started switchable (up again with rebalance.in_place)"
+            return False
+        try:
+            with timed("switch"):
+                if self.state.engine == "sglang":
+                    decodes = [p.url for p in self.state.processes
+                               if p.role == "decode" and p.is_leader and p.worker != m.worker]
+                    sw.switch_sglang(old[0].url, m.new_role, decode_urls=decodes,
+                                     api_key_env=self.state.api_key_env, timeout=self.opts.ready_timeout)
+                    dr.continue_generation(old[0].url)   # the drain paused it
+                else:
+                    sw.switch_embedded(old[0].url, new[0].argv, api_key_env=self.state.api_key_env,
+                                       timeout=self.opts.ready_timeout)
+        except EpdctlError as e:
+            res.note = f"in-place switch failed, restarting instead: {summary(e)}"
+            self.on_step(Step(f"{m.worker} -> {m.new_name}", "fallback", detail=res.note))
+            return False
+        self._rerecord(recs, new)
+        return True
+
+    def _rerecord(self, recs: list[ProcessRecord], new: list[WorkerSpec]) -> None:
+        """The same processes, now recorded under their new role and command line."""
+        for rec, spec in zip(recs, new):
+            fresh = ProcessRecord.of(spec, self.state.engine, rec.log)
+            fresh.handle, fresh.since = rec.handle, rec.since
+            self.state.processes[self.state.processes.index(rec)] = fresh
+        self.cdir.save(self.state)
 
     def _undo_drain(self, m: Move, spec: WorkerSpec, regs: list[str], undo: dict[str, Any]
                     ) -> None:

@@ -18,6 +18,7 @@ from epdctl.errors import RenderError, TopologyError
 from epdctl.render import build_plan
 from epdctl.render.plan import Plan
 from epdctl.topology.checks import run_checks
+from epdctl.topology.inplace import move_path, switchable
 from epdctl.topology.model import Role, Topology, Worker
 from epdctl.topology.ports import plan_ports
 
@@ -41,6 +42,8 @@ class Move:
     bootstrap_port: int | None = None
     encoder_bootstrap_port: int | None = None
     dist_init_port: int | None = None
+    path: str = "restart"        # "in-place" (model stays loaded) | "restart"
+    why: str = ""                # how, or why not in place
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "nodes": list(self.nodes)}
@@ -124,9 +127,11 @@ def _moved_worker(topo: Topology, src: Worker, role: Role) -> Worker:
             f"{src.name} has {src.gpus_per_node} GPU(s) per node but a {role.value} worker needs "
             f"{tpl.gpus_per_node}: it does not fit")
     index = max((w.index for w in topo.role_workers(role)), default=-1) + 1
+    # an SGLang role-switch instance keeps its bootstrap server (and port) in both roles
+    keep = src.bootstrap_port if topo.engine == "sglang" and switchable(topo, src) else None
     return Worker(role=role, index=index, nodes=src.nodes, settings=tpl.settings,
                   path=f"roles.{role.value} (rebalanced from {src.name})",
-                  base_gpu_ids=src.base_gpu_ids, gpu_ids=src.gpu_ids, port=src.port,
+                  base_gpu_ids=src.base_gpu_ids, gpu_ids=src.gpu_ids, port=src.port, bootstrap_port=keep,
                   dist_init_port=src.dist_init_port if len(src.nodes) > 1 else None)
 
 
@@ -224,13 +229,20 @@ def _one_move(topo: Topology, src_role: Role, target: Role) -> tuple[Move, Topol
             continue
         spec = next(w for w in plan.workers if w.name == new.name)
         moved = next(w for w in after.workers if w.name == new.name)
+        path, why = move_path(topo, src, target)
         return Move(worker=src.name, old_role=src_role.value, new_role=target.value,
                     new_name=new.name, nodes=src.nodes, port=spec.port,
                     bootstrap_port=spec.bootstrap_port,
                     encoder_bootstrap_port=spec.encoder_bootstrap_port,
-                    dist_init_port=moved.dist_init_port), after
+                    dist_init_port=moved.dist_init_port, path=path, why=why), after
     raise RebalanceError(f"no {src_role.value} worker can become {target.value}:\n" +
                          "\n".join(errors))
+
+
+def force_restart(rp: RebalancePlan) -> RebalancePlan:
+    """The same plan with every move restarting its worker (``rebalance --restart``)."""
+    moves = tuple(dataclasses.replace(m, path="restart", why="--restart asked for it") for m in rp.moves)
+    return dataclasses.replace(rp, moves=moves)
 
 
 def topology_diff(rp: RebalancePlan) -> list[str]:

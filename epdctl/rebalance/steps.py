@@ -14,7 +14,7 @@ class Step:
     """Progress of one move, for the command to display."""
 
     move: str          # "decode-1 -> encoder-1"
-    step: str          # drain | stop | start | ready | register | verify | rollback | done
+    step: str          # drain | switch | stop | start | ready | register | verify | rollback | done
     seconds: float = 0.0
     detail: str = ""
 
@@ -26,9 +26,11 @@ class MoveResult:
     steps: dict[str, float] = field(default_factory=dict)
     error: str = ""
     link: dict[str, Any] = field(default_factory=dict)
+    taken: str = ""               # the path the move really took: in-place | restart
+    note: str = ""                # why an in-place move fell back to a restart
 
     def to_dict(self) -> dict[str, Any]:
-        return {"move": self.move.to_dict(), "outcome": self.outcome,
+        return {"move": self.move.to_dict(), "outcome": self.outcome, "taken": self.taken, "note": self.note,
                 "steps": {k: round(v, 3) for k, v in self.steps.items()},
                 "error": self.error, "link": self.link}
 

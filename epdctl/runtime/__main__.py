@@ -37,6 +37,11 @@ def _common(p: argparse.ArgumentParser, served: bool = True) -> None:
     p.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"))
 
 
+def _switchable(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--switchable", action="store_true",
+                   help="load the whole model and accept POST /admin/switch_role (role change in place)")
+
+
 def _transport(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=["zmq", "zmq-ipc", "mooncake"], default="zmq")
     p.add_argument("--ib-device", default=None, help="RDMA device for --transport mooncake")
@@ -60,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--max-batch-size", type=int, default=32, help="images per vision-tower batch")
     enc.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
     enc.add_argument("--register-urls", nargs="+", default=[], help="prefill encoder-bootstrap URLs to join")
+    _switchable(enc)
 
     pre = roles.add_parser("prefill", help="prefill worker (calls the encoders, hands KV to the decode)")
     _common(pre)
@@ -72,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--kv-timeout", type=float, default=30.0, help="seconds to wait for the decode of a room")
     pre.add_argument("--encoder-timeout", type=float, default=60.0, help="seconds per encoder call")
     pre.add_argument("--encoder-probe-interval", type=float, default=2.0, help="encoder health-probe period (0: off)")
+    _switchable(pre)
 
     dec = roles.add_parser("decode", help="decode worker (continuous batching)")
     _common(dec)
@@ -79,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--max-running-requests", type=int, default=64)
     dec.add_argument("--kv-timeout", type=float, default=30.0, help="seconds to wait for a room's KV")
     dec.add_argument("--max-images-per-request", type=int, default=16, help="reported only; the prefill enforces it")
+    _switchable(dec)
 
     col = roles.add_parser("colocated", help="encoder+prefill+decode in one process")
     _common(col)
@@ -116,7 +124,10 @@ def preflight(args: argparse.Namespace) -> str | None:
 
 
 async def _run(args: argparse.Namespace) -> None:
-    if args.role == "encoder":
+    if getattr(args, "switchable", False):
+        from epdctl.runtime.servers.switchable import run_switchable
+        await run_switchable(args, build_parser().parse_args)
+    elif args.role == "encoder":
         from epdctl.runtime.servers.encoder import run_encoder
         await run_encoder(args)
     elif args.role == "prefill":

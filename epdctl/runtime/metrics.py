@@ -148,13 +148,14 @@ class Histogram(_Metric):
 class Registry:
     """All metrics of one worker; ``render()`` is the body of ``GET /metrics``."""
 
-    def __init__(self, prefix: str = "epd"):
+    def __init__(self, prefix: str = "epd", process: bool = True):
         self.prefix = prefix
         self._metrics: dict[str, _Metric] = {}
         # Prometheus' standard name: CPU seconds of every thread of this worker (what a role
         # costs a host whose cores all workers share; read by `epdctl profile`).
-        self._add(Gauge("process_cpu_seconds_total", "Total user and system CPU time of this "
-                        "worker process in seconds", time.process_time, kind="counter"))
+        if process:
+            self._add(Gauge("process_cpu_seconds_total", "Total user and system CPU time of this "
+                            "worker process in seconds", time.process_time, kind="counter"))
 
     def _add(self, metric: _Metric) -> _Metric:
         return self._metrics.setdefault(metric.name, metric)
@@ -171,6 +172,17 @@ class Registry:
 
     def histogram(self, name: str, help_text: str, buckets: Iterable[float] = LATENCY_BUCKETS) -> Histogram:
         return self._add(Histogram(f"{self.prefix}_{name}", help_text, buckets))  # type: ignore[return-value]
+
+    def carry_over(self, old: "Registry") -> None:
+        """Continue ``old``'s counters and histograms here (a switchable worker back in a role)."""
+        for name, metric in self._metrics.items():
+            prev = old._metrics.get(name)
+            if isinstance(metric, Counter) and isinstance(prev, Counter):
+                with prev._lock:
+                    metric._values = dict(prev._values)
+            elif isinstance(metric, Histogram) and isinstance(prev, Histogram) and prev.buckets == metric.buckets:
+                with prev._lock:
+                    metric._series = {k: list(v) for k, v in prev._series.items()}
 
     def render(self) -> str:
         lines: list[str] = []

@@ -18,7 +18,7 @@ from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topol
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
 from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
-                                    read_router, read_settings, read_slurm, read_transfer, top_level)
+                                    read_in_place, read_router, read_settings, read_slurm, read_transfer, top_level)
 
 __all__ = ["load_topology", "topology_from_text", "Topology", "Worker", "Node", "Role", "Settings", "ROLE_ORDER"]
 
@@ -57,13 +57,15 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
     transfer = read_transfer(r, top)
     router = read_router(r, top)
     ports = read_ports(r, top)
+    in_place = read_in_place(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
     if model is None or name is None or engine is None:
         raise TopologyError(_sorted(r.problems))
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
-                    transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
+                    transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, in_place=in_place,
+                    source=doc.source,
                     lines=doc.lines)
     problems = list(r.problems)
     if not cross_checks:

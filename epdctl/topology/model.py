@@ -175,6 +175,7 @@ class Topology:
     slurm: Slurm | None
     ports: Ports
     python: str = "python3"
+    in_place: bool = False  # rebalance.in_place: start workers switchable (epdctl/topology/inplace.py)
     source: Path | None = None
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from epdctl.topology.inplace import switchable
 from epdctl.topology.model import Role, Router, Topology, Worker
 
 SGLANG_DIST_INIT_BLOCK = 8  # SGLang derives ZMQ ports from dist_init_port .. +6, plus the NCCL port
@@ -29,6 +30,8 @@ def _needs(topo: Topology, w: Worker, rank: int) -> list[tuple[str, int]]:
         out.append(("bootstrap", 1))
         if topo.engine == "embedded" or topo.has_encoders:
             out.append(("encoder_bootstrap", 1))
+    elif rank == 0 and w.role is Role.DECODE and topo.engine == "sglang" and switchable(topo, w):
+        out.append(("bootstrap", 1))  # SGLang's role switch starts the bootstrap server on decodes too
     if rank == 0 and len(w.nodes) > 1:
         out.append(("dist_init", SGLANG_DIST_INIT_BLOCK if topo.engine == "sglang" else 1))
     if topo.engine == "vllm" and w.role in (Role.PREFILL, Role.DECODE):

@@ -17,7 +17,7 @@ from epdctl.topology.reader import ENV_NAME, Reader
 ENGINES = ("sglang", "vllm", "embedded")
 LAUNCHERS = ("local", "ssh", "slurm")
 TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes", "node_defaults", "roles",
-            "transfer", "router", "slurm", "ports")
+            "transfer", "router", "slurm", "ports", "rebalance")
 MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code")
 PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
 SETTING_KEYS = PARALLEL_KEYS + ("chunked_prefill_size", "page_size", "kv_cache_dtype", "moe_a2a_backend",
@@ -41,6 +41,7 @@ ROUTER_IMPLS = ("smg", "sglang-router", "mini_lb")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
 SLURM_KEYS = ("partition", "account", "time", "gpus_per_node", "qos", "constraint", "extra")
 PORTS_KEYS = ("base", "limit")
+REBALANCE_KEYS = ("in_place",)
 KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16", "fp4_e2m1")
 MOE_A2A = ("none", "deepep", "mooncake", "nixl", "mori", "ascend_fuseep", "flashinfer", "megamoe", "deepep_v2",
            "pplx", "ascend_tp", "flashinfer_megamoe")
@@ -277,6 +278,14 @@ def read_ports(r: Reader, top: dict[str, Any]) -> Ports:
         r.problem("ports.limit", f"ports.limit {limit} is below ports.base {base}")
         limit = None
     return Ports(base=base, limit=limit)
+
+
+def read_in_place(r: Reader, top: dict[str, Any]) -> bool:
+    """``rebalance: {in_place: true}``: start workers switchable (a move keeps the model loaded)."""
+    if top.get("rebalance") is None:
+        return False
+    m = r.mapping(top["rebalance"], "rebalance", REBALANCE_KEYS, "rebalance")
+    return bool(m and r.get(m, "rebalance", "in_place", "bool", default=False))
 
 
 def top_level(r: Reader, doc: Document) -> dict[str, Any] | None:

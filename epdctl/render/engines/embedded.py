@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from epdctl.render.context import WorkerContext
+from epdctl.topology.inplace import switchable
 from epdctl.topology.model import Role
 
 
@@ -26,5 +27,7 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
             argv += ["--ib-device", ",".join(nics)]
     if w.settings.max_running_requests is not None and w.role is not Role.ENCODER:
         argv += ["--max-running-requests", str(w.settings.max_running_requests)]
+    if switchable(topo, w):
+        argv += ["--switchable"]
     argv += list(w.settings.args)
     return tuple(argv), {}

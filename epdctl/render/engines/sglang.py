@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from epdctl.render.context import WorkerContext
 from epdctl.topology.migrations import canonical_args
+from epdctl.topology.inplace import switchable
 from epdctl.topology.model import Role
 
 HEALTH_PATH = "/health"
@@ -97,6 +98,10 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         argv += ["--disaggregation-mode", "decode"] + _transfer(ctx)
         if w.bootstrap_port is not None:  # the prefill side's port, for requests that carry none
             argv += ["--disaggregation-bootstrap-port", str(w.bootstrap_port)]
+        elif switchable(topo, w):  # a role-switch instance runs its bootstrap server in both roles
+            argv += ["--disaggregation-bootstrap-port", str(ctx.leader_ports["bootstrap"])]
+    if switchable(topo, w):
+        argv += ["--enable-pd-role-switch"]
     if s.chunked_prefill_size is not None and w.role is not Role.ENCODER:
         argv += ["--chunked-prefill-size", str(s.chunked_prefill_size)]
     if s.page_size is not None and w.role is not Role.ENCODER:

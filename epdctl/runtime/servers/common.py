@@ -12,6 +12,7 @@ import json
 import logging
 import signal
 import time
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Awaitable, Callable
 
@@ -126,22 +127,27 @@ class Stopwatch:
         return out
 
 
-async def serve(apps: list[tuple[web.Application, str, int]],
-                on_ready: Callable[[], Awaitable[None]] | None = None,
-                on_stop: Callable[[], Awaitable[None]] | None = None,
-                on_drain: Callable[[], Awaitable[None]] | None = None,
-                drain_timeout: float = 15.0) -> None:
-    """Bind every (app, host, port), run until SIGTERM/SIGINT, then stop gracefully.
+@dataclass
+class Served:
+    """One role's servers, built around an already loaded model (switchable workers rebuild it)."""
 
-    Stopping: ``on_drain`` (tell peers we are leaving), stop listening and let in-flight requests
-    finish (up to ``drain_timeout``), then ``on_stop`` (close engines and transports).
-    A port that cannot be bound raises RuntimeWorkerError with a one-line reason.
-    """
+    role: str
+    server: Any
+    app: web.Application                                     # served on --port
+    extra: list[tuple[web.Application, str, int]] = field(default_factory=list)  # bootstrap ports
+    on_ready: Callable[[], Awaitable[None]] | None = None
+    on_stop: Callable[[], Awaitable[None]] | None = None
+    on_drain: Callable[[], Awaitable[None]] | None = None
+    idle: Callable[[], bool] = lambda: True                  # nothing queued or in flight
+
+    def apps(self, host: str, port: int) -> list[tuple[web.Application, str, int]]:
+        return [(self.app, host, port), *self.extra]
+
+
+async def start_runners(apps: list[tuple[web.Application, str, int]],
+                        drain_timeout: float = 15.0) -> list[web.AppRunner]:
+    """Bind every (app, host, port); RuntimeWorkerError with a one-line reason if one cannot."""
     runners: list[web.AppRunner] = []
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     try:
         for app, host, port in apps:
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=drain_timeout,
@@ -154,18 +160,52 @@ async def serve(apps: list[tuple[web.Application, str, int]],
                 raise RuntimeWorkerError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
                                          "(is another process using this port?)") from None
             log.info("listening on http://%s:%d", host, port)
+    except BaseException:
+        await stop_runners(runners)
+        raise
+    return runners
+
+
+async def stop_runners(runners: list[web.AppRunner]) -> None:
+    for runner in reversed(runners):
+        await runner.cleanup()
+
+
+async def serve(apps: list[tuple[web.Application, str, int]],
+                on_ready: Callable[[], Awaitable[None]] | None = None,
+                on_stop: Callable[[], Awaitable[None]] | None = None,
+                on_drain: Callable[[], Awaitable[None]] | None = None,
+                drain_timeout: float = 15.0) -> None:
+    """Bind every (app, host, port), run until SIGTERM/SIGINT, then stop gracefully.
+
+    Stopping: ``on_drain`` (tell peers we are leaving), stop listening and let in-flight requests
+    finish (up to ``drain_timeout``), then ``on_stop`` (close engines and transports).
+    A port that cannot be bound raises RuntimeWorkerError with a one-line reason.
+    """
+    runners: list[web.AppRunner] = []
+    stop = stop_event()
+    try:
+        runners = await start_runners(apps, drain_timeout)
         if on_ready is not None:
             await on_ready()
         await stop.wait()
         log.info("stopping (signal received): finishing in-flight requests")
     finally:
-        await _quietly(on_drain)
-        for runner in reversed(runners):
-            await runner.cleanup()
-        await _quietly(on_stop)
+        await quietly(on_drain)
+        await stop_runners(runners)
+        await quietly(on_stop)
 
 
-async def _quietly(step: Callable[[], Awaitable[None]] | None) -> None:
+def stop_event() -> asyncio.Event:
+    """An event set by SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def quietly(step: Callable[[], Awaitable[None]] | None) -> None:
     if step is None:
         return
     try:

@@ -20,7 +20,7 @@ from aiohttp import web
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.bootstrap import register_route
-from epdctl.runtime.servers.common import make_app, read_json
+from epdctl.runtime.servers.common import Served, make_app, read_json
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
 from epdctl.runtime.servers.native import add_native_routes, decode_generate
@@ -112,6 +112,9 @@ class DecodeServer:
 
     async def h_generate(self, request: web.Request) -> web.Response:
         return await decode_generate(self, request)
+
+    def idle(self) -> bool:
+        return all(v == 0 for v in self.loads().values()) and not self.late
 
     def loads(self) -> dict[str, int]:
         return {"num_running_reqs": self.loop.num_running if self.loop else 0,
@@ -266,13 +269,11 @@ class DecodeServer:
         await self.transport.close()
 
 
-async def run_decode(args: Any) -> None:
+async def build_decode(args: Any, bundle: Any) -> Served:
+    """The decode's servers around a loaded model (``bundle`` keeps at least the language model)."""
     from epdctl.runtime.decode_engine import DecodeEngine
-    from epdctl.runtime.model import load_bundle
-    from epdctl.runtime.servers.common import serve
     from epdctl.runtime.transports import open_transport
 
-    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="decode")
     engine = DecodeEngine(bundle, max_running=args.max_running_requests)
     transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
     await transport.start()
@@ -282,4 +283,13 @@ async def run_decode(args: Any) -> None:
                       max_images_per_request=args.max_images_per_request,
                       context_length=int(bundle.config.text_config.max_position_embeddings))
     server = DecodeServer(args, bundle, engine, transport, info)
-    await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop)
+    return Served("decode", server, server.app(), [], server.on_ready, server.on_stop, idle=server.idle)
+
+
+async def run_decode(args: Any) -> None:
+    from epdctl.runtime.model import load_bundle
+    from epdctl.runtime.servers.common import serve
+
+    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="decode")
+    s = await build_decode(args, bundle)
+    await serve(s.apps(args.host, args.port), s.on_ready, s.on_stop)

@@ -23,7 +23,8 @@ from aiohttp import web
 from epdctl.runtime.errors import BadRequestError
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime.servers.common import ModelThread, json_response, make_app, read_json, serve, to_api_error
+from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
+                                           to_api_error)
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class EncoderServer:
         self.session: aiohttp.ClientSession | None = None
         self.metrics = Registry("epd_encoder")
         self._register_task: asyncio.Task | None = None
+        self.inflight = 0
         self._init_metrics()
 
     def _init_metrics(self) -> None:
@@ -140,8 +142,12 @@ class EncoderServer:
     async def h_metrics(self, _: web.Request) -> web.Response:
         return web.Response(text=self.metrics.render(), content_type="text/plain")
 
+    def idle(self) -> bool:
+        return self.inflight == 0 and self.batcher.queue.qsize() == 0 and self.thread.pending == 0
+
     async def h_encode(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
+        self.inflight += 1
         try:
             key, reply_to, images = _parse_encode(await read_json(request))
             results = await self.batcher.encode(images)
@@ -153,6 +159,8 @@ class EncoderServer:
             if err.status >= 500:
                 log.error("encode failed: %s", err.message)
             raise err from None
+        finally:
+            self.inflight -= 1
         self.m_batch.observe(len(images))
         self.m_requests.inc(labels={"outcome": "200"})
         elapsed = time.perf_counter() - t0
@@ -234,15 +242,23 @@ def _parse_encode(body: dict[str, Any]) -> tuple[str, str, list[bytes]]:
     return key, reply_to, out
 
 
-async def run_encoder(args: Any) -> None:
+async def build_encoder(args: Any, bundle: Any) -> Served:
+    """The encoder's servers around a loaded model (``bundle`` keeps at least the vision tower)."""
     from epdctl.runtime import wire
     from epdctl.runtime.encoder_engine import VisionEncoder
-    from epdctl.runtime.model import load_bundle
     from epdctl.runtime.transports import open_transport
 
-    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="encoder")
     encoder = VisionEncoder(bundle, cache_mb=args.cache_mb)
     transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
     await transport.start()
     server = EncoderServer(args, encoder, transport, wire)
-    await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop, server.on_drain)
+    return Served("encoder", server, server.app(), [], server.on_ready, server.on_stop, server.on_drain,
+                  idle=server.idle)
+
+
+async def run_encoder(args: Any) -> None:
+    from epdctl.runtime.model import load_bundle
+
+    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="encoder")
+    s = await build_encoder(args, bundle)
+    await serve(s.apps(args.host, args.port), s.on_ready, s.on_stop, s.on_drain)

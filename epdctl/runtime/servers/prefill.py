@@ -20,7 +20,8 @@ from epdctl.runtime.images import ImageLimits, load_images
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.bootstrap import KVBootstrap
-from epdctl.runtime.servers.common import ModelThread, Stopwatch, json_response, make_app, read_json, to_api_error
+from epdctl.runtime.servers.common import (ModelThread, Served, Stopwatch, json_response, make_app, read_json,
+                                           to_api_error)
 from epdctl.runtime.servers.encoder_client import EncoderClient
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
 from epdctl.runtime.servers.native import add_native_routes, prefill_generate
@@ -81,6 +82,9 @@ class PrefillServer:
 
     async def h_generate(self, request: web.Request) -> web.Response:
         return await prefill_generate(self, request)
+
+    def idle(self) -> bool:
+        return self.running == 0 and self.thread.pending == 0 and self.kv_held == 0
 
     def loads(self) -> dict[str, int]:
         return {"num_running_reqs": self.running, "num_waiting_reqs": self.thread.pending,
@@ -225,13 +229,11 @@ class PrefillServer:
         self.thread.shutdown()
 
 
-async def run_prefill(args: Any) -> None:
-    from epdctl.runtime.model import load_bundle
+async def build_prefill(args: Any, bundle: Any) -> Served:
+    """The prefill's servers around a loaded model (``bundle`` keeps at least the language model)."""
     from epdctl.runtime.prefill_engine import LanguagePrefill
-    from epdctl.runtime.servers.common import serve
     from epdctl.runtime.transports import open_transport
 
-    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="prefill")
     engine = LanguagePrefill(bundle)
     transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
     await transport.start()
@@ -242,7 +244,15 @@ async def run_prefill(args: Any) -> None:
                       context_length=int(bundle.config.text_config.max_position_embeddings),
                       bootstrap_port=args.bootstrap_port, encoder_bootstrap_port=args.encoder_bootstrap_port)
     server = PrefillServer(args, bundle, engine, transport, info)
-    apps = [(server.app(), args.host, args.port),
-            (server.bootstrap.app(), args.host, args.bootstrap_port),
-            (server.encoder_bootstrap_app(), args.host, args.encoder_bootstrap_port)]
-    await serve(apps, server.on_ready, server.on_stop)
+    extra = [(server.bootstrap.app(), args.host, args.bootstrap_port),
+             (server.encoder_bootstrap_app(), args.host, args.encoder_bootstrap_port)]
+    return Served("prefill", server, server.app(), extra, server.on_ready, server.on_stop, idle=server.idle)
+
+
+async def run_prefill(args: Any) -> None:
+    from epdctl.runtime.model import load_bundle
+    from epdctl.runtime.servers.common import serve
+
+    bundle = await asyncio.to_thread(load_bundle, args.model_path, role="prefill")
+    s = await build_prefill(args, bundle)
+    await serve(s.apps(args.host, args.port), s.on_ready, s.on_stop)
