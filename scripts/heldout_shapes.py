@@ -74,7 +74,7 @@ def _backdrop(rng: random.Random) -> tuple[int, int, int]:
 
 
 def _polygon(shape: str, cx: float, cy: float, r: float, turn: float) -> list[tuple[float, float]]:
-    """Vertices of the shape around (cx, cy) with circumradius-like size ``r``, turned ``turn``°."""
+    """Vertices of the shape around (cx, cy), size ``r``, turned ``turn`` degrees."""
     if shape == "circle":
         k, start = 96, 0.0
     elif shape == "square":
@@ -133,6 +133,15 @@ def text_at(rng: random.Random, position: str, n: int) -> int:
     return rng.randint(1, n - 1)
 
 
+def _miss(got: Item | None, want: Item) -> str:
+    """What was wrong with one image's answer: nothing, shape, colour, both, or not named."""
+    if got is None:
+        return "unnamed"
+    bad_shape, bad_colour = got.shape != want.shape, got.colour != want.colour
+    return {(False, False): "right", (True, False): "shape", (False, True): "colour"}.get(
+        (bad_shape, bad_colour), "both")
+
+
 def _rate(hits: list[bool]) -> float | None:
     return round(sum(hits) / len(hits), 4) if hits else None
 
@@ -146,6 +155,7 @@ def evaluate(model_dir: Path, requests: int, seed: int) -> dict[str, Any]:
     by_style: dict[str, list[bool]] = {k: [] for k in
                                        ("filled", "outline", "noisy", "jpeg", "clean_png")}
     examples: dict[str, str] = {}
+    misses = {"right": 0, "shape": 0, "colour": 0, "both": 0, "unnamed": 0}
     t0 = time.time()
     for pi, position in enumerate(POSITIONS):
         for n in range(1, 9):
@@ -158,6 +168,8 @@ def evaluate(model_dir: Path, requests: int, seed: int) -> dict[str, Any]:
                 text = answer(ld, [d.png for d in drawn], QUESTION, text_at=at)
                 got = parse_answer(text, n)
                 ok = [g == d.item for g, d in zip(got, drawn)]
+                for g, d in zip(got, drawn):
+                    misses[_miss(g, d.item)] += 1
                 per_image[position] += ok
                 per_request[position].append(all(ok))
                 by_count.setdefault(n, []).extend(ok)
@@ -181,6 +193,7 @@ def evaluate(model_dir: Path, requests: int, seed: int) -> dict[str, Any]:
                 "images": len(all_img), "requests": len(all_req)},
         "per_image_by_count": {str(n): _rate(v) for n, v in sorted(by_count.items())},
         "per_image_by_style": {k: _rate(v) for k, v in by_style.items()},
+        "misses_by_kind": {k: v for k, v in misses.items() if k != "right"},
         "examples": {k: examples[k] for k in ("before_3", "between_3", "after_3") if k in examples},
         "eval_wall_s": round(time.time() - t0, 1),
     }
@@ -193,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=777)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="", help="also write the JSON here")
-    p.add_argument("--samples", default="", help="write one example request's images to this folder")
+    p.add_argument("--samples", default="", help="also write 12 example drawings to this folder")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.samples:

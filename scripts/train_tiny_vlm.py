@@ -373,7 +373,8 @@ def train(args: argparse.Namespace) -> None:
                      " ".join(f"{k}={v:.3f}" for k, v in acc.items()))
         if step % args.save_every == 0 or last:
             report = {"steps": step, "steps_planned": args.steps, "wall_s": time.time() - t0,
-                      "cpu_s": time.process_time() - c0, "threads": args.threads, "parameters": nparams,
+                      "cpu_s": time.process_time() - c0, "threads": args.threads,
+                      "parameters": nparams,
                       "recipe": recipe, "history": history,
                       "command": command_for(args, step), "init_from_report": init_report}
             save(model, tok, proc, out, report)
