@@ -59,10 +59,14 @@ def load(model_dir: str | Path) -> Loaded:
     )
 
 
-def messages_for(n_images: int, text: str) -> list[dict[str, Any]]:
-    """OpenAI-style chat messages: ``n_images`` image parts, then the question."""
+def messages_for(n_images: int, text: str, text_at: int | None = None) -> list[dict[str, Any]]:
+    """OpenAI-style chat messages: ``n_images`` image parts with the question inserted before
+    image ``text_at`` (0: before all images; ``None`` or ``n_images``: after them, the default)."""
     parts: list[dict[str, Any]] = [{"type": "image"} for _ in range(n_images)]
-    parts.append({"type": "text", "text": text})
+    at = n_images if text_at is None else text_at
+    if not 0 <= at <= n_images:
+        raise ValueError(f"text_at={text_at} is outside 0..{n_images}")
+    parts.insert(at, {"type": "text", "text": text})
     return [{"role": "user", "content": parts}]
 
 
@@ -79,10 +83,11 @@ def expand_pads(prompt: str, grid_thw: torch.Tensor, merge: int = 2) -> str:
     return "".join(out)
 
 
-def encode_request(ld: Loaded, images: list[Image.Image], text: str) -> dict[str, torch.Tensor]:
+def encode_request(ld: Loaded, images: list[Image.Image], text: str,
+                   text_at: int | None = None) -> dict[str, torch.Tensor]:
     """Model inputs for one request, built the way the runtime builds them."""
     prompt = ld.tokenizer.apply_chat_template(
-        messages_for(len(images), text), add_generation_prompt=True, tokenize=False
+        messages_for(len(images), text, text_at), add_generation_prompt=True, tokenize=False
     )
     pix = ld.image_processor(images=images, return_tensors="pt")
     grid = pix["image_grid_thw"]
@@ -97,10 +102,11 @@ def encode_request(ld: Loaded, images: list[Image.Image], text: str) -> dict[str
     }
 
 
-def answer(ld: Loaded, pngs: list[bytes], text: str, max_new_tokens: int = 80) -> str:
-    """Greedy one-process ``generate()`` for one request of PNG images."""
+def answer(ld: Loaded, pngs: list[bytes], text: str, max_new_tokens: int = 80,
+           text_at: int | None = None) -> str:
+    """Greedy one-process ``generate()`` for one request of encoded images (PNG, JPEG...)."""
     images = [Image.open(io.BytesIO(p)).convert("RGB") for p in pngs]
-    inputs = encode_request(ld, images, text)
+    inputs = encode_request(ld, images, text, text_at)
     with torch.no_grad():
         out = ld.model.generate(
             **inputs,

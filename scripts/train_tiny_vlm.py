@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_vlm_common import IMAGE_PAD, expand_pads, messages_for  # noqa: E402
+from tiny_vlm_styles import question_at, styled_item  # noqa: E402
 
 from epdctl import shapes  # noqa: E402
 
@@ -185,26 +186,36 @@ class Batcher:
         self._prompts: dict[int, list[int]] = {}
         self.side = int(proc.size.shortest_edge ** 0.5 + 0.5)
 
-    def prompt_ids(self, n: int) -> list[int]:
-        if n not in self._prompts:
-            text = self.tok.apply_chat_template(messages_for(n, shapes.question()),
+    def prompt_ids(self, n: int, text_at: int | None = None) -> list[int]:
+        """Prompt tokens for ``n`` images with the question before image ``text_at`` (default
+        after them all)."""
+        key = (n, n if text_at is None else text_at)
+        if key not in self._prompts:
+            text = self.tok.apply_chat_template(messages_for(n, shapes.question(), key[1]),
                                                 add_generation_prompt=True, tokenize=False)
             g = self.side // 14
             grid = torch.tensor([[1, g, g]] * n)
             text = expand_pads(text, grid)
-            self._prompts[n] = self.tok(text, add_special_tokens=False)["input_ids"]
-        return self._prompts[n]
+            self._prompts[key] = self.tok(text, add_special_tokens=False)["input_ids"]
+        return self._prompts[key]
 
-    def batch(self, rng: random.Random, counts: list[int], plain_frac: float = 0.0) -> dict[str, Any]:
+    def batch(self, rng: random.Random, counts: list[int], plain_frac: float = 0.0,
+              style_frac: float = 0.0, question_mix: float = 0.0) -> dict[str, Any]:
+        """``style_frac`` of the images come from :func:`tiny_vlm_styles.styled_item`; with
+        probability ``question_mix`` a request's question stands before or between the images.
+        At 0 neither draws from ``rng``, so the earlier stages reproduce bit for bit."""
         seqs, labels, images, all_items = [], [], [], []
         for n in counts:
             items = []
             for _ in range(n):
-                img, item = shapes.random_item(rng, plain=rng.random() < plain_frac)
+                if style_frac and rng.random() < style_frac:
+                    img, item = styled_item(rng)
+                else:
+                    img, item = shapes.random_item(rng, plain=rng.random() < plain_frac)
                 images.append(img)
                 items.append(item)
             all_items.append(items)
-            p = self.prompt_ids(n)
+            p = self.prompt_ids(n, question_at(rng, n, question_mix))
             a = self.tok(shapes.answer_for(items) + "<|im_end|>", add_special_tokens=False)["input_ids"]
             seqs.append(p + a)
             labels.append([-100] * len(p) + a)
@@ -284,22 +295,28 @@ def count_for(rng: random.Random, step: int, args: argparse.Namespace) -> int:
     return rng.randint(1, top)
 
 
-def evaluate_tf(model: Any, tok: Any, batcher: Batcher, seed: int, per: int = 24) -> dict[str, float]:
+def evaluate_tf(model: Any, tok: Any, batcher: Batcher, seed: int, per: int = 24,
+                styled: bool = False) -> dict[str, float]:
+    """Teacher-forced per-image accuracy; ``styled`` adds "4s"/"8s": styled images with the
+    question anywhere."""
     model.eval()
     res = {}
-    for n in (1, 2, 4, 8):
-        for plain in (False, True):
-            rng = random.Random(seed * 100 + n * 2 + plain)
-            b = batcher.batch(rng, [n] * per, plain_frac=1.0 if plain else 0.0)
-            acc = teacher_forced_accuracy(model, tok, b)
-            flat = [x for r in acc for x in r]
-            res[f"{n}{'p' if plain else ''}"] = sum(flat) / len(flat)
+    cases = [(n, plain, False) for n in (1, 2, 4, 8) for plain in (False, True)]
+    if styled:
+        cases += [(4, False, True), (8, False, True)]
+    for n, plain, sty in cases:
+        rng = random.Random(seed * 100 + n * 2 + plain + 50 * sty)
+        b = batcher.batch(rng, [n] * per, plain_frac=1.0 if plain else 0.0,
+                          style_frac=1.0 if sty else 0.0, question_mix=1.0 if sty else 0.0)
+        acc = teacher_forced_accuracy(model, tok, b)
+        flat = [x for r in acc for x in r]
+        res[f"{n}{'p' if plain else ''}{'s' if sty else ''}"] = sum(flat) / len(flat)
     model.train()
     return res
 
 
 def train(args: argparse.Namespace) -> None:
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     random.seed(args.seed)
     tok = build_tokenizer()
     proc = make_image_processor(args.image_side)
@@ -336,7 +353,8 @@ def train(args: argparse.Namespace) -> None:
             g["lr"] = lr
         single = step <= args.single_steps
         counts = [count_for(rng, step, args) for _ in range(args.batch * (2 if single else 1))]
-        b = batcher.batch(rng, counts, plain_frac=0.15)
+        b = batcher.batch(rng, counts, plain_frac=0.15, style_frac=args.style_frac,
+                          question_mix=args.question_mix)
         loss = model(**{k: v for k, v in b.items() if k != "items"}).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -348,13 +366,15 @@ def train(args: argparse.Namespace) -> None:
                      time.time() - t0, time.process_time() - c0)
         last = step == args.steps or (args.time_limit and time.time() - t0 > args.time_limit)
         if step % args.eval_every == 0 or last:
-            acc = evaluate_tf(model, tok, batcher, seed=1000 + step)
+            acc = evaluate_tf(model, tok, batcher, seed=1000 + step,
+                              styled=bool(args.style_frac or args.question_mix))
             history.append({"step": step, "loss": ema, "wall_s": time.time() - t0, "acc": acc})
             log.info("step %d held-out teacher-forced per-image acc %s", step,
                      " ".join(f"{k}={v:.3f}" for k, v in acc.items()))
         if step % args.save_every == 0 or last:
             report = {"steps": step, "steps_planned": args.steps, "wall_s": time.time() - t0,
-                      "cpu_s": time.process_time() - c0, "threads": 2, "parameters": nparams,
+                      "cpu_s": time.process_time() - c0, "threads": args.threads,
+                      "parameters": nparams,
                       "recipe": recipe, "history": history,
                       "command": command_for(args, step), "init_from_report": init_report}
             save(model, tok, proc, out, report)
@@ -395,6 +415,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--anneal-steps", type=int, default=0,
                    help="cosine LR from --lr to 10%% over this many steps (by step number only, "
                         "so stopping early is still reproducible); 0 = none")
+    p.add_argument("--style-frac", type=float, default=0.0,
+                   help="fraction of images drawn in random styles (outline, size, shade, noise, "
+                        "JPEG: scripts/tiny_vlm_styles.py); 0 = the shapes module's drawings only")
+    p.add_argument("--question-mix", type=float, default=0.0,
+                   help="fraction of requests whose question stands before or between the images")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--layers", type=int, default=4, help="text layers")
     p.add_argument("--hidden", type=int, default=128, help="text hidden size")
     p.add_argument("--vision-embed", type=int, default=128)
