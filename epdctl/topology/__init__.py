@@ -13,6 +13,7 @@ from pathlib import Path
 from epdctl.errors import Problem, TopologyError
 from epdctl.topology.allocation import counted_roles, synthesize
 from epdctl.topology.checks import run_checks
+from epdctl.topology.limits import read_limits
 from epdctl.topology.loader import Document, load_document, parse_yaml
 from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
 from epdctl.topology.placement import read_roles
@@ -56,13 +57,15 @@ def _build(doc: Document) -> Topology:
     transfer = read_transfer(r, top)
     router = read_router(r, top)
     ports = read_ports(r, top)
+    limits = read_limits(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
     if r.problems or model is None or name is None or engine is None:
         raise TopologyError(_sorted(r.problems))
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
-                    transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
+                    transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, limits=limits,
+                    source=doc.source,
                     lines=doc.lines)
     problems = [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
     if problems:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from epdctl.topology.limits import Limits
+
 
 class Role(str, Enum):
     """A worker's job. Start order is the declaration order below."""
@@ -169,6 +171,7 @@ class Topology:
     slurm: Slurm | None
     ports: Ports
     python: str = "python3"
+    limits: Limits = field(default_factory=Limits)
     source: Path | None = None
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 

@@ -20,4 +20,5 @@ python3 -m smg.launch_router \
     --host 127.0.0.1 \
     --port 31051 \
     --prometheus-host 127.0.0.1 \
-    --prometheus-port 31052
+    --prometheus-port 31052 \
+    --max-payload-size 67108864

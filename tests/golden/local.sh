@@ -48,4 +48,5 @@ python3 -m smg.launch_router \
     --host 127.0.0.1 \
     --port 31006 \
     --prometheus-host 127.0.0.1 \
-    --prometheus-port 31007
+    --prometheus-port 31007 \
+    --max-payload-size 67108864

@@ -38,4 +38,5 @@ python3 -m smg.launch_router \
     --port 8000 \
     --prometheus-host 10.1.0.10 \
     --prometheus-port 29000 \
+    --max-payload-size 67108864 \
     --api-key "${EPD_ROUTER_API_KEY}"

@@ -62,4 +62,5 @@ python3 -m smg.launch_router \
     --prometheus-host 10.0.0.11 \
     --prometheus-port 29000 \
     --policy round_robin \
+    --max-payload-size 67108864 \
     --api-key "${EPD_ROUTER_API_KEY}"

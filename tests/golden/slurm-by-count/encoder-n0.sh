@@ -21,4 +21,5 @@ python3 -m smg.launch_router \
     --host encoder-n0.slurm \
     --port 37101 \
     --prometheus-host encoder-n0.slurm \
-    --prometheus-port 37102
+    --prometheus-port 37102 \
+    --max-payload-size 67108864

@@ -20,4 +20,5 @@ python3 -m smg.launch_router \
     --host n0.slurm \
     --port 37101 \
     --prometheus-host n0.slurm \
-    --prometheus-port 37102
+    --prometheus-port 37102 \
+    --max-payload-size 67108864

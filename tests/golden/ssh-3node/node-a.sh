@@ -21,4 +21,5 @@ python3 -m smg.launch_router \
     --host 127.0.0.2 \
     --port 35101 \
     --prometheus-host 127.0.0.2 \
-    --prometheus-port 35102
+    --prometheus-port 35102 \
+    --max-payload-size 67108864

@@ -69,4 +69,5 @@ python3 -m smg.launch_router \
     --host 10.2.0.10 \
     --port 8000 \
     --prometheus-host 10.2.0.10 \
-    --prometheus-port 29000
+    --prometheus-port 29000 \
+    --max-payload-size 67108864
