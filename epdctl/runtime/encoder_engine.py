@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import io
 import logging
@@ -15,18 +13,11 @@ from PIL import Image
 
 from .embed_cache import EmbedCache
 from .errors import BadRequestError
+from .memtrim import malloc_trim
 from .model import ModelBundle
 
 log = logging.getLogger(__name__)
 TRIM_AFTER_PIXELS = 4_000_000  # return freed decode buffers to the OS after batches this large
-
-
-def _malloc_trim() -> None:
-    """glibc keeps freed arenas mapped; after decoding big images hand them back (RSS stays bounded)."""
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass  # not glibc
 
 
 @dataclass
@@ -89,7 +80,7 @@ class VisionEncoder:
             finally:
                 del pils
                 if decoded > TRIM_AFTER_PIXELS:
-                    _malloc_trim()
+                    malloc_trim()
             for i, (emb, grid) in zip(misses, embeds):
                 found[digests[i]] = (emb, grid)
                 self.cache.put(digests[i], emb, grid)

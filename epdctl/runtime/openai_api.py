@@ -106,7 +106,7 @@ def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: in
     messages, refs = _parse_messages(body.get("messages"))
     if len(refs) > max_images:
         raise ApiError(400, f"too many images: {len(refs)} in the request, the limit is {max_images} "
-                            "(--max-images-per-request)", "too_many_images")
+                            "(limits.max_images_per_request)", "too_many_images")
     req = ChatRequest(model=model, messages=messages, image_refs=refs)
     req.stream = _bool(body, "stream", False)
     req.return_token_ids = _bool(body, "return_token_ids", False)

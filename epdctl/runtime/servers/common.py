@@ -19,6 +19,7 @@ from aiohttp import web
 
 from epdctl.runtime.errors import BadRequestError, RuntimeWorkerError, TransferError
 from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES
+from epdctl.runtime.memtrim import after_large
 from epdctl.runtime.openai_api import ApiError, decode_json, error_body
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,10 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         limit = request.app.get(BODY_LIMIT, DEFAULT_MAX_BODY_BYTES)
         raise ApiError(413, f"request body is larger than the limit of {limit} bytes (limits.max_body_bytes)",
                        "request_too_large") from None
-    return decode_json(raw)
+    try:
+        return decode_json(raw)
+    finally:
+        after_large(len(raw))
 
 
 def make_app(max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:

@@ -190,16 +190,19 @@ class PrefillServer:
             self.kv_held -= 1
 
     def _fail_partner(self, room: Any, err: ApiError) -> None:
-        """Tell the decode of this room that no KV is coming, so it answers the same error now."""
+        """Tell the decode of this room that no KV is coming, so it answers the same error now.
+
+        Only the error's fields travel to the background task: the exception's traceback would keep
+        the failed request's body (megabytes for a hostile one) alive for up to --kv-timeout.
+        """
         if room is None or isinstance(room, bool) or not isinstance(room, (int, str)):
             return
-        self._spawn(self._send_error(str(room), err))
+        meta = {"kind": "error", "status": err.status, "message": err.message, "code": err.code, "type": err.type}
+        self._spawn(self._send_error(str(room), meta))
 
-    async def _send_error(self, room: str, err: ApiError) -> None:
+    async def _send_error(self, room: str, meta: dict[str, Any]) -> None:
         try:
             reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
-            meta = {"kind": "error", "status": err.status, "message": err.message, "code": err.code,
-                    "type": err.type}
             await self.transport.send(reply_to, room, meta, {})
         except asyncio.TimeoutError:
             pass  # no decode for this room (a direct call, or the router never sent it)
