@@ -18,6 +18,7 @@ from epdctl.topology.loader import Document, load_document, parse_yaml
 from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
+from epdctl.topology.safety import unsafe_text, unsafe_values
 from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
                                     read_router, read_settings, read_slurm, read_transfer, top_level)
 
@@ -35,10 +36,15 @@ def topology_from_text(text: str, source: str | Path | None = None) -> Topology:
 
 
 def _build(doc: Document) -> Topology:
+    unsafe = [Problem(path, doc.line(path), msg) for path, msg in unsafe_text(doc.data)]
+    if unsafe:  # nothing else reads a document holding control characters or lone surrogates
+        raise TopologyError(_sorted(_dedupe(unsafe)))
     r = Reader(doc)
     top = top_level(r, doc)
     if top is None:
         raise TopologyError(r.problems)
+    for path, msg in unsafe_values(top):
+        r.problem(path, msg)
     name = r.get(top, "", "name", "str", required=True)
     engine = r.get(top, "", "engine", "str", required=True, choices=ENGINES)
     launcher = r.get(top, "", "launcher", "str", default="local", choices=LAUNCHERS)
