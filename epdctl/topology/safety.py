@@ -20,8 +20,8 @@ from typing import Any, Iterator
 
 from epdctl.topology.loader import join
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-NAME_HINT = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters"
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # as state.py's cluster names
+NAME_HINT = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 64 characters"
 _LABEL = r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 HOST_WORDS = ("node",)  # `host: node` binds to the node's own address
