@@ -162,3 +162,17 @@ def test_registry_needs_the_key_and_http_urls(workers):
 def test_good_request_still_served(workers):
     p, d = both(roomed([data_url(make_image(3))], max_tokens=2))
     assert p[0] == 200 and d[0] == 200, (p, d)
+
+
+def test_native_generate_and_tokenize_refuse_huge_text_before_tokenising(workers):
+    text = "lorem ipsum " * 150_000
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            gen = await post(s, f"http://127.0.0.1:{P}/generate",
+                             {"text": text, "bootstrap_host": "127.0.0.1", "bootstrap_port": PB,
+                              "bootstrap_room": 7, "sampling_params": {"max_new_tokens": 4}})
+            tok = await post(s, f"http://127.0.0.1:{P}/tokenize", {"prompt": text})
+            return gen, tok
+    for status, body in asyncio.run(go()):
+        check((status, json.loads(body)), 400, "context_length_exceeded", "at least")

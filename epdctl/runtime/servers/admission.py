@@ -34,6 +34,12 @@ class Admission:
         check_context(lower, req.max_tokens, self.context_length)
         return lower
 
+    def text(self, text: str, max_tokens: int) -> None:
+        """The same bound for a raw text prompt (``/generate``, ``/tokenize``), before tokenising it."""
+        lower = math.ceil(len(text.encode("utf-8", "surrogatepass")) / self.token_bytes)
+        check_prompt_tokens(lower, self.prompt_limit, exact=False)
+        check_context(lower, max_tokens, self.context_length)
+
     async def images(self, req: Any, session: aiohttp.ClientSession) -> list[bytes]:
         """The request's images, each checked from its header; the prompt bound now counts vision tokens."""
         lower = self.text_tokens_at_least(req)
