@@ -117,6 +117,25 @@ def test_each_kind_of_bad_request_gets_its_4xx(cluster: Cluster, bad_bodies) -> 
     assert "at least" in seen["prompt_2MB"][1]
 
 
+def test_body_over_the_limit_stops_at_the_router(cluster: Cluster) -> None:
+    """limits.max_body_bytes (64 MiB by default) is smg's --max-payload-size: 413 before any worker."""
+    limit = load_topology(cluster.topology).limits.max_body_bytes
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * (limit + 1) + b'"}]}'
+    r = requests.post(cluster.router_url + "/v1/chat/completions", data=body, timeout=120,
+                      headers={"Content-Type": "application/json"})
+    print("body over the limit ->", r.status_code, r.text[:200])
+    assert r.status_code == 413, r.text[:300]
+
+
+def test_bogus_encoder_registrations_are_refused(cluster: Cluster) -> None:
+    prefill = next(p for p in cluster.state()["processes"] if p["role"] == "prefill")
+    got = [requests.post(prefill["url"] + "/register_encoder_url", json={"url": url}, timeout=30).status_code
+           for url in ("file:///etc/passwd", "not a url", "http://127.0.0.1:1", "http://169.254.169.254:80")]
+    assert got == [400, 400, 400, 400], got
+    listing = requests.get(prefill["url"] + "/list_encoder_urls", timeout=10).json()
+    assert len(listing["encoders"]) == 2, listing
+
+
 def test_unknown_model(cluster: Cluster) -> None:
     """smg answers for a model no worker serves before any worker sees the request (not a worker failure)."""
     r = requests.post(cluster.router_url + "/v1/chat/completions", timeout=60,

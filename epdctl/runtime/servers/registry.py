@@ -58,6 +58,7 @@ class EncoderRegistry:
         self.probe_timeout = probe_timeout
         self.load_slack = load_slack
         self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     @staticmethod
     def normalize(url: str) -> str:
@@ -151,6 +152,7 @@ class EncoderRegistry:
                 self.encoders.pop(state.url, None)
 
     def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
         if self.probe_interval > 0:
             self._task = asyncio.create_task(self._loop(session))
 
@@ -188,8 +190,22 @@ class EncoderRegistry:
 
     async def _h_register(self, request: web.Request) -> web.Response:
         self.authorize(request)
-        url = _url_field(await read_json(request))
+        url = self.normalize(_url_field(await read_json(request)))
+        if url not in self.encoders and not await self._answers(url):
+            raise ApiError(400, f"encoder {url} does not answer GET /health; start it first (a registration "
+                                "is admitted only once the encoder is reachable)", "encoder_unreachable")
         return json_response({"status": "ok", "url": self.add(url)})
+
+    async def _answers(self, url: str) -> bool:
+        """A new registration is probed once, so a bogus URL never receives requests."""
+        if self._session is None:
+            return True  # not serving yet (unit use): the probe loop decides
+        try:
+            async with self._session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=self.probe_timeout),
+                                         allow_redirects=False) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
 
     async def _h_unregister(self, request: web.Request) -> web.Response:
         self.authorize(request)
