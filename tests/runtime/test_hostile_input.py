@@ -47,8 +47,9 @@ def workers(tiny_ckpt, tmp_path_factory):
     os.environ[KEY_ENV] = KEY  # inherited by the workers; only the variable's name is on their command lines
     try:
         ws = {
+            # the encoder's pixel limit is stricter than the prefill's: its own 400s get exercised
             "e": Worker("encoder", [*m, "--port", str(E), "--register-urls", f"http://127.0.0.1:{PEB}",
-                                    "--api-key-env", KEY_ENV], logs),
+                                    "--api-key-env", KEY_ENV, "--max-image-pixels", "20000"], logs),
             "p": Worker("prefill", [*m, "--served-model-name", MODEL, "--port", str(P), "--bootstrap-port", str(PB),
                                     "--encoder-bootstrap-port", str(PEB), "--kv-timeout", "3",
                                     "--max-body-bytes", str(BODY_LIMIT), "--api-key-env", KEY_ENV,
@@ -176,3 +177,16 @@ def test_native_generate_and_tokenize_refuse_huge_text_before_tokenising(workers
             return gen, tok
     for status, body in asyncio.run(go()):
         check((status, json.loads(body)), 400, "context_length_exceeded", "at least")
+
+
+def test_an_encoder_400_passes_through_the_prefill_without_eviction(workers):
+    """200x200 passes the prefill's limits but not the encoder's: the client gets the encoder's 400
+    (not a 5xx), the encoder is not counted as failed, and the next request is served."""
+    for _ in range(4):  # more than the 3 failures that would evict it
+        p, d = both(roomed([data_url(png(200, 200))]))
+        check(p, 400, "encoder_rejected", "image 1: 200x200 = 40000 pixels")
+        check(d, 400, "encoder_rejected", "image 1: 200x200")
+    listing = asyncio.run(_listing())
+    assert listing["encoder_urls"] == [f"http://127.0.0.1:{E}"] and listing["encoders"][0]["failures"] == 0
+    p, d = both(roomed([data_url(make_image(5))], max_tokens=2))
+    assert p[0] == 200 and d[0] == 200, (p, d)
