@@ -7,11 +7,11 @@ topology sets to the runtime, and the body limit to the smg router as ``--max-pa
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, fields
 from typing import Any
 
 from epdctl.topology.reader import Reader
+from epdctl.topology.safety import is_host
 
 DEFAULTS: dict[str, Any] = {
     "max_body_bytes": 64 * 1024 * 1024,
@@ -25,8 +25,6 @@ DEFAULTS: dict[str, Any] = {
 }
 LIMIT_KEYS = tuple(DEFAULTS)
 MAX_VALUE = 1 << 40
-_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
-                   r"[A-Za-z0-9])?)*\.?$|^\[?[0-9A-Fa-f:.]+\]?$")
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ def read_limits(r: Reader, top: dict[str, Any]) -> Limits:
             continue
         if f.name == "image_fetch_hosts":
             hosts = r.get(m, "limits", f.name, "strlist", default=())
-            bad = [h for h in hosts if not _HOST.match(h)]
+            bad = [h for h in hosts if not is_host(h)]
             if bad:
                 r.problem(f"limits.{f.name}", f"{bad[0]!r} is not a host name or IP address")
                 continue

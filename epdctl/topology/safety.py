@@ -140,7 +140,7 @@ def _hosts(data: Any, path: str) -> Iterator[tuple[str, str]]:
         for key, value in data.items():
             kpath = join(path, key if isinstance(key, (int, str)) else str(key))
             if key in HOST_KEYS:
-                yield from _host(kpath, value, HOST_WORDS if key == "host" else ())
+                yield from _host(kpath, value, HOST_WORDS if key != "ip" else ())
             elif key not in ("env", "args", "extra"):
                 yield from _hosts(value, kpath)
     elif isinstance(data, list):
