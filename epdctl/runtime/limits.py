@@ -61,9 +61,10 @@ def add_limit_flags(p: argparse.ArgumentParser, images: bool = True) -> None:
 
 
 def limits_from_args(args: Any) -> Limits:
-    base = Limits()
-    return Limits(**{k: (tuple(v) if isinstance(v, list) else v)
-                     for k in base.__dataclass_fields__ if (v := getattr(args, k, None)) is not None})
+    """The limits a worker's parsed command line gives (flags a role lacks keep their defaults)."""
+    values: dict[str, Any] = {k: (tuple(v) if isinstance(v, list) else v)
+                              for k in Limits.__dataclass_fields__ if (v := getattr(args, k, None)) is not None}
+    return Limits(**values)
 
 
 def image_size(n: int, data: bytes) -> tuple[int, int]:
