@@ -11,14 +11,17 @@ import base64
 import io
 import json
 import random
+import http.client
 import time
-from typing import TYPE_CHECKING
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import openai
 import psutil
 import pytest
-import requests
 from PIL import Image
 
 from epdctl import shapes
@@ -50,6 +53,39 @@ def _good_request(seed: int) -> tuple[list[dict], list[shapes.Item]]:
     return _images_msg(urls, question), items
 
 
+def _http(method: str, url: str, data: bytes | None = None, body: Any = None,
+          timeout: float = 60) -> tuple[int, str]:
+    """(status, text) of one request; raw ``data`` or a JSON ``body``."""
+    if body is not None:
+        data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def _post_early_answer(url: str, data: bytes, timeout: float = 120) -> tuple[int, str]:
+    """POST a body the server may refuse before reading it: keep the answer when the send breaks off."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        conn.putrequest("POST", u.path)
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders()
+        try:
+            for i in range(0, len(data), 1 << 20):
+                conn.send(data[i:i + (1 << 20)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed before taking the whole body
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode(errors="replace")
+    finally:
+        conn.close()
+
+
 def _rss(cluster: Cluster) -> dict[str, int]:
     out = {}
     for p in cluster.state()["processes"]:
@@ -62,7 +98,7 @@ def _rss(cluster: Cluster) -> dict[str, int]:
 
 def _router_metrics(cluster: Cluster) -> str:
     prom = build_plan(load_topology(cluster.topology)).router
-    return requests.get(f"http://127.0.0.1:{prom.prometheus_port}/metrics", timeout=10).text
+    return _http("GET", f"http://127.0.0.1:{prom.prometheus_port}/metrics")[1]
 
 
 def _metric_sum(text: str, name: str, must: str = "") -> float:
@@ -108,8 +144,7 @@ def test_each_kind_of_bad_request_gets_its_4xx(cluster: Cluster, bad_bodies) -> 
                 oa.chat.completions.create(**body)
             seen[kind] = (exc.value.status_code, str(exc.value.message)[:200])
         else:
-            seen[kind] = requests.post(cluster.router_url + "/v1/chat/completions", data=body, timeout=120,
-                                       headers={"Content-Type": "application/json"}).status_code, ""
+            seen[kind] = _http("POST", cluster.router_url + "/v1/chat/completions", data=body, timeout=120)[0], ""
     print("bad request -> status:", json.dumps(seen, indent=1))
     assert all(400 <= s < 500 for s, _ in seen.values()), seen
     assert "aspect ratio" in seen["aspect_1x300"][1]
@@ -121,27 +156,26 @@ def test_body_over_the_limit_stops_at_the_router(cluster: Cluster) -> None:
     """limits.max_body_bytes (64 MiB by default) is smg's --max-payload-size: 413 before any worker."""
     limit = load_topology(cluster.topology).limits.max_body_bytes
     body = b'{"model": "m", "messages": [{"role": "user", "content": "' + b"x" * (limit + 1) + b'"}]}'
-    r = requests.post(cluster.router_url + "/v1/chat/completions", data=body, timeout=120,
-                      headers={"Content-Type": "application/json"})
-    print("body over the limit ->", r.status_code, r.text[:200])
-    assert r.status_code == 413, r.text[:300]
+    status, text = _post_early_answer(cluster.router_url + "/v1/chat/completions", body)
+    print("body over the limit ->", status, text[:200])
+    assert status == 413, text[:300]
 
 
 def test_bogus_encoder_registrations_are_refused(cluster: Cluster) -> None:
     prefill = next(p for p in cluster.state()["processes"] if p["role"] == "prefill")
-    got = [requests.post(prefill["url"] + "/register_encoder_url", json={"url": url}, timeout=30).status_code
+    got = [_http("POST", prefill["url"] + "/register_encoder_url", body={"url": url}, timeout=30)[0]
            for url in ("file:///etc/passwd", "not a url", "http://127.0.0.1:1", "http://169.254.169.254:80")]
     assert got == [400, 400, 400, 400], got
-    listing = requests.get(prefill["url"] + "/list_encoder_urls", timeout=10).json()
+    listing = json.loads(_http("GET", prefill["url"] + "/list_encoder_urls")[1])
     assert len(listing["encoders"]) == 2, listing
 
 
 def test_unknown_model(cluster: Cluster) -> None:
     """smg answers for a model no worker serves before any worker sees the request (not a worker failure)."""
-    r = requests.post(cluster.router_url + "/v1/chat/completions", timeout=60,
-                      json={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})
-    print("unknown model ->", r.status_code, r.text[:200])
-    assert r.status_code in (400, 404, 503), r.text
+    status, text = _http("POST", cluster.router_url + "/v1/chat/completions",
+                         body={"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})
+    print("unknown model ->", status, text[:200])
+    assert status in (400, 404, 503), text
 
 
 def _warm_up(cluster: Cluster, n: int = 8) -> None:
@@ -219,5 +253,5 @@ def test_1000_concurrent_bad_requests_with_good_ones_interleaved(cluster: Cluste
     doc = cluster.status()
     assert all(w["alive"] and w["healthy"] for w in doc["workers"]), doc
     prefill = next(p for p in cluster.state()["processes"] if p["role"] == "prefill")
-    listing = requests.get(prefill["url"] + "/list_encoder_urls", timeout=10).json()
+    listing = json.loads(_http("GET", prefill["url"] + "/list_encoder_urls")[1])
     assert len(listing["encoder_urls"]) == 2 and all(e["failures"] == 0 for e in listing["encoders"]), listing
