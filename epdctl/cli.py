@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -61,7 +62,43 @@ def cli() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: run the CLI, turning EpdctlError into a message and exit 1."""
+    """Console entry point, the single error boundary: an EpdctlError is its message and exit 1; any
+    other exception is one line naming the debug log that holds its traceback, and exit 1."""
+    try:
+        _run(argv)
+    except SystemExit:
+        raise
+    except BrokenPipeError:  # `epdctl status | head`: the reader left; nothing more to say
+        _quiet_stdout()
+        sys.exit(1)
+    except Exception as e:  # the boundary: never a traceback on the terminal
+        from epdctl.debuglog import printable, write_debug_log
+
+        where = write_debug_log(e, list(sys.argv if argv is None else ["epdctl", *argv]))
+        detail = printable(f"{type(e).__name__}: {e}", 200)
+        see = f"the full traceback is in {where}" if where else "no debug log could be written"
+        _say(f"error: unexpected internal error ({detail}); {see}. Please include it in a bug report.")
+        sys.exit(1)
+
+
+def _say(text: str) -> None:
+    """One message on stderr, even where the terminal cannot encode it (lone surrogates are escaped)."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    try:
+        click.secho(text, fg="red", err=True)
+    except UnicodeEncodeError:  # a terminal that is not UTF-8
+        click.secho(text.encode("ascii", "backslashreplace").decode("ascii"), fg="red", err=True)
+
+
+def _quiet_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def _run(argv: list[str] | None) -> None:
     try:
         # Non-standalone mode returns the exit code of ctx.exit(n) instead of raising it.
         rc = cli.main(args=argv, prog_name="epdctl", standalone_mode=False)
@@ -76,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except EpdctlError as e:
-        click.secho(f"error: {e}", fg="red", err=True)
+        _say(f"error: {e}")
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)

@@ -99,7 +99,7 @@ BASE = """
 name: t
 engine: embedded
 launcher: slurm
-slurm: {partition: "debug queue", time: "00:10:00", extra: {comment: "a'; echo pwned"}}
+slurm: {partition: "debug", time: "00:10:00", extra: {comment: "a queue'; echo pwned"}}
 model: {path: /models/m, served_name: m}
 defaults: {host: node}
 nodes:
@@ -120,8 +120,8 @@ def test_nodes_sharing_an_address_cannot_be_mapped() -> None:
 def test_directive_values_are_quoted() -> None:
     topo = topology_from_text(BASE.replace("HOST_A", "a.x").replace("HOST_B", "b.x"))
     text = render_sbatch(topo, build_plan(topo))
-    assert "#SBATCH --partition='debug queue'\n" in text
-    assert "#SBATCH --comment='a'\"'\"'; echo pwned'\n" in text
+    assert "#SBATCH --partition=debug\n" in text
+    assert "#SBATCH --comment='a queue'\"'\"'; echo pwned'\n" in text
 
 
 def test_user_template_overrides_the_default(tmp_path: Path) -> None:

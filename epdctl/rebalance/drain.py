@@ -10,6 +10,7 @@ API); it is idle once its queue is empty and its request counter stops moving.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any, Callable
 
@@ -72,9 +73,15 @@ def router_add(client: RouterClient, url: str, worker_type: str, *, bootstrap_po
 
 # -- encoder registries (on every prefill) ---------------------------------------------------
 
-def list_encoders(registry: str) -> list[str]:
+def registry_auth(api_key_env: str | None) -> dict[str, str]:
+    """The cluster's API key for the embedded runtime's registry (read from the named variable)."""
+    key = os.environ.get(api_key_env) if api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def list_encoders(registry: str, api_key_env: str | None = None) -> list[str]:
     """``GET /list_encoder_urls`` of one prefill's registry."""
-    r = http("GET", registry.rstrip("/") + "/list_encoder_urls", timeout=5.0)
+    r = http("GET", registry.rstrip("/") + "/list_encoder_urls", timeout=5.0, headers=registry_auth(api_key_env))
     doc = r.json()
     if not r.ok or not isinstance(doc, dict) or not isinstance(doc.get("encoder_urls"), list):
         raise DrainError(f"encoder registry {registry}: GET /list_encoder_urls -> "
@@ -82,11 +89,12 @@ def list_encoders(registry: str) -> list[str]:
     return [str(u).rstrip("/") for u in doc["encoder_urls"]]
 
 
-def unregister_encoder(registries: list[str], url: str) -> list[str]:
+def unregister_encoder(registries: list[str], url: str, api_key_env: str | None = None) -> list[str]:
     """Remove ``url`` from every registry; returns those that had it. 404 = already gone."""
     had = []
     for reg in registries:
-        r = http("DELETE", reg.rstrip("/") + "/unregister_encoder_url", {"url": url}, timeout=5.0)
+        r = http("DELETE", reg.rstrip("/") + "/unregister_encoder_url", {"url": url}, timeout=5.0,
+                 headers=registry_auth(api_key_env))
         if r.ok:
             had.append(reg)
         elif r.status != 404:
@@ -95,16 +103,17 @@ def unregister_encoder(registries: list[str], url: str) -> list[str]:
     return had
 
 
-def register_encoder(registries: list[str], url: str, timeout: float = 30.0) -> None:
+def register_encoder(registries: list[str], url: str, timeout: float = 30.0, api_key_env: str | None = None) -> None:
     """Add ``url`` to every registry and wait until each lists it as healthy."""
     for reg in registries:
-        r = http("POST", reg.rstrip("/") + "/register_encoder_url", {"url": url}, timeout=5.0)
+        r = http("POST", reg.rstrip("/") + "/register_encoder_url", {"url": url}, timeout=5.0,
+                 headers=registry_auth(api_key_env))
         if not r.ok:
             raise DrainError(f"encoder registry {reg}: POST /register_encoder_url {url} -> "
                              f"HTTP {r.status} {r.error or r.body[:200].decode(errors='replace')}")
     want = url.rstrip("/")
     for reg in registries:
-        if not _poll(lambda: want in list_encoders(reg), timeout):
+        if not _poll(lambda: want in list_encoders(reg, api_key_env), timeout):
             raise DrainError(f"encoder registry {reg} does not list {url} as healthy after "
                              f"{timeout:.0f}s")
 
@@ -174,11 +183,11 @@ def continue_generation(url: str) -> None:
 
 
 def drain(role: str, url: str, *, engine: str, client: RouterClient | None,
-          registries: list[str], timeout: float) -> dict[str, Any]:
+          registries: list[str], timeout: float, api_key_env: str | None = None) -> dict[str, Any]:
     """Take one worker out of service and wait for it to go idle; what was done, for undo."""
     done: dict[str, Any] = {"router": False, "registries": []}
     if role == "encoder":
-        done["registries"] = unregister_encoder(registries, url)
+        done["registries"] = unregister_encoder(registries, url, api_key_env)
         wait_encoder_idle(url, timeout)
         return done
     if client is not None:

@@ -122,7 +122,7 @@ class Executor:
             with timed("drain"):
                 undo = dr.drain(m.old_role, old[0].url, engine=self.opts.engine,
                                 client=self.client, registries=regs,
-                                timeout=self.opts.drain_timeout)
+                                timeout=self.opts.drain_timeout, api_key_env=self.state.api_key_env)
         except EpdctlError as e:
             res.error = f"drain: {e}"
             self._undo_drain(m, old[0], regs, undo)
@@ -245,7 +245,7 @@ class Executor:
 
     def _register(self, role: str, spec: WorkerSpec, regs: list[str]) -> None:
         if role == "encoder":
-            dr.register_encoder(regs, spec.url)
+            dr.register_encoder(regs, spec.url, api_key_env=self.state.api_key_env)
             return
         if self.client is None or role not in ROUTER_TYPES:
             return
@@ -261,7 +261,7 @@ class Executor:
     def _deregister(self, role: str, spec: WorkerSpec, regs: list[str]) -> None:
         try:
             if role == "encoder":
-                dr.unregister_encoder(regs, spec.url)
+                dr.unregister_encoder(regs, spec.url, self.state.api_key_env)
             elif self.client is not None:
                 dr.router_remove(self.client, spec.url, timeout=self.opts.drain_timeout)
         except EpdctlError as e:

@@ -29,6 +29,14 @@ def shell_quote(value: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def comment_safe(value: object) -> str:
+    """Text for a ``#`` comment line: anything that could end the line (or not encode) becomes '?'."""
+    return _UNPRINTABLE.sub("?", str(value))
+
+
 def _dq_escape(text: str) -> str:
     return re.sub(r'([\\"`$])', r"\\\1", text)
 
@@ -51,6 +59,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FunctionLoader(_template), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["q"] = shell_quote
+    env.filters["c"] = comment_safe
     env.filters["command"] = lambda spec: _command(spec.argv, spec.env)
     return env
 

@@ -52,6 +52,8 @@ def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, p
     argv += ["--host", host, "--port", str(port), "--prometheus-host", prom_host, "--prometheus-port", str(prom_port)]
     if r.policy:
         argv += ["--policy", r.policy]
+    if r.implementation == "smg":  # the router refuses bigger bodies (413) before any worker sees them
+        argv += ["--max-payload-size", str(topo.limits.max_body_bytes)]
     argv += list(r.args)
     for flag, value in HEALTH_FLAGS.items():
         if flag not in r.args:

@@ -23,7 +23,7 @@ from pathlib import Path
 if len(sys.argv) > 1 and sys.argv[1] in ("encoder", "prefill", "decode"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from epdctl.runtime.images import DEFAULT_MAX_IMAGE_BYTES  # noqa: E402
+from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES, add_limit_flags  # noqa: E402
 
 log = logging.getLogger("epdctl.runtime")
 
@@ -47,11 +47,11 @@ def _transport(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ib-device", default=None, help="RDMA device for --transport mooncake")
 
 
-def _images(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-images-per-request", type=int, default=16)
-    p.add_argument("--max-image-bytes", type=int, default=DEFAULT_MAX_IMAGE_BYTES)
-    p.add_argument("--allow-local-files", action="store_true", help="accept file paths as image URLs")
-    p.add_argument("--image-fetch-timeout", type=float, default=10.0, help="seconds per http(s) image")
+def _api_key(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--api-key-env", default=None, metavar="NAME",
+                   help="environment variable holding the cluster's API key; the encoder registry and "
+                        "POST /admin/switch_role then require it (Authorization: Bearer KEY) and encoders "
+                        "send it when they register")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,12 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     enc.add_argument("--max-batch-size", type=int, default=32, help="images per vision-tower batch")
     enc.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
     enc.add_argument("--register-urls", nargs="+", default=[], help="prefill encoder-bootstrap URLs to join")
+    add_limit_flags(enc, images=False)
+    _api_key(enc)
     _switchable(enc)
 
     pre = roles.add_parser("prefill", help="prefill worker (calls the encoders, hands KV to the decode)")
     _common(pre)
     _transport(pre)
-    _images(pre)
+    add_limit_flags(pre)
+    _api_key(pre)
     pre.add_argument("--bootstrap-port", type=int, required=True, help="KV bootstrap port (decodes connect here)")
     pre.add_argument("--encoder-bootstrap-port", type=int, required=True, help="encoder registry port")
     pre.add_argument("--encoder-urls", nargs="*", default=[], help="encoder worker URLs")
@@ -86,11 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--max-running-requests", type=int, default=64)
     dec.add_argument("--kv-timeout", type=float, default=30.0, help="seconds to wait for a room's KV")
     dec.add_argument("--max-images-per-request", type=int, default=16, help="reported only; the prefill enforces it")
+    dec.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="HTTP body size limit")
+    _api_key(dec)  # a decode uses it only for POST /admin/switch_role (--switchable)
     _switchable(dec)
 
     col = roles.add_parser("colocated", help="encoder+prefill+decode in one process")
     _common(col)
-    _images(col)
+    add_limit_flags(col)
     col.add_argument("--max-running-requests", type=int, default=64)
     col.add_argument("--cache-mb", type=float, default=256.0)
     return parser

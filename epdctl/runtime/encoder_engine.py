@@ -13,9 +13,11 @@ from PIL import Image
 
 from .embed_cache import EmbedCache
 from .errors import BadRequestError
+from .memtrim import malloc_trim
 from .model import ModelBundle
 
 log = logging.getLogger(__name__)
+TRIM_AFTER_PIXELS = 4_000_000  # return freed decode buffers to the OS after batches this large
 
 
 @dataclass
@@ -71,8 +73,14 @@ class VisionEncoder:
                 misses.append(i)
         hit_digests = set(found)
         if misses:
-            pils = [decode_image(i, images[i]) for i in misses]
-            embeds = self._vision(pils)
+            pils = [decode_image(i + 1, images[i]) for i in misses]
+            decoded = sum(p.width * p.height for p in pils)
+            try:
+                embeds = self._vision(pils)
+            finally:
+                del pils
+                if decoded > TRIM_AFTER_PIXELS:
+                    malloc_trim()
             for i, (emb, grid) in zip(misses, embeds):
                 found[digests[i]] = (emb, grid)
                 self.cache.put(digests[i], emb, grid)
@@ -88,7 +96,10 @@ class VisionEncoder:
     @torch.inference_mode()
     def _vision(self, pils: list[Image.Image]) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
         t0 = time.perf_counter()
-        feats = self.bundle.image_processor(images=pils, return_tensors="pt")
+        try:
+            feats = self.bundle.image_processor(images=pils, return_tensors="pt")
+        except ValueError as exc:  # e.g. an aspect ratio the processor refuses: the client's image, not us
+            raise BadRequestError(400, f"the vision processor refused the image: {exc}") from None
         grid = feats["image_grid_thw"]
         pixels = feats["pixel_values"].to(self.bundle.dtype)
         merged = self.visual(pixels, grid_thw=grid).pooler_output

@@ -19,6 +19,7 @@ ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 405: 
 
 ROLES = {"system", "user", "assistant", "developer", "tool"}
 MAX_STOP_STRINGS = 4
+MAX_JSON_DEPTH = 32
 DEFAULT_MAX_TOKENS = 64
 
 
@@ -73,9 +74,24 @@ def decode_json(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, f"request body is not valid JSON: {exc}", "invalid_json") from None
+    except RecursionError:  # the parser's own nesting limit
+        raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep",
+                       "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", "invalid_json")
+    _check_depth(body)
     return body
+
+
+def _check_depth(obj: Any) -> None:
+    """400 for JSON nested deeper than MAX_JSON_DEPTH (no request needs more than a handful of levels)."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ApiError(400, f"request body is nested more than {MAX_JSON_DEPTH} levels deep", "invalid_json")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((v, depth + 1) for v in children if isinstance(v, (dict, list)))
 
 
 def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: int,
@@ -90,7 +106,7 @@ def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: in
     messages, refs = _parse_messages(body.get("messages"))
     if len(refs) > max_images:
         raise ApiError(400, f"too many images: {len(refs)} in the request, the limit is {max_images} "
-                            "(--max-images-per-request)", "too_many_images")
+                            "(limits.max_images_per_request)", "too_many_images")
     req = ChatRequest(model=model, messages=messages, image_refs=refs)
     req.stream = _bool(body, "stream", False)
     req.return_token_ids = _bool(body, "return_token_ids", False)

@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 
 from epdctl.errors import RenderError
-from epdctl.render.output import shell_quote
+from epdctl.render.output import comment_safe, shell_quote
 from epdctl.render.plan import Plan, RouterSpec, WorkerSpec
 from epdctl.topology.model import Topology
 
@@ -168,6 +168,7 @@ def render_sbatch(topo: Topology, plan: Plan, template: Path | None = None, *, j
                              lstrip_blocks=True, autoescape=False,
                              comment_start_string="{#!", comment_end_string="!#}")  # bash uses ${#x[@]}
     env.filters["q"] = shell_quote
+    env.filters["c"] = comment_safe
     nodes = slurm_nodes(topo, plan)
     try:
         return env.from_string(text).render(

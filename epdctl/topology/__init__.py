@@ -13,10 +13,12 @@ from pathlib import Path
 from epdctl.errors import Problem, TopologyError
 from epdctl.topology.allocation import counted_roles, synthesize
 from epdctl.topology.checks import run_checks
+from epdctl.topology.limits import read_limits
 from epdctl.topology.loader import Document, load_document, parse_yaml
 from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
+from epdctl.topology.safety import unsafe_text, unsafe_values
 from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
                                     read_in_place, read_router, read_settings, read_slurm, read_transfer, top_level)
 
@@ -35,10 +37,15 @@ def topology_from_text(text: str, source: str | Path | None = None, *, cross_che
 
 
 def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = None) -> Topology:
+    unsafe = [Problem(path, doc.line(path), msg) for path, msg in unsafe_text(doc.data)]
+    if unsafe:  # nothing else reads a document holding control characters or lone surrogates
+        raise TopologyError(_sorted(_dedupe(unsafe)))
     r = reader or Reader(doc)  # jsonschema_gen passes a tracing reader
     top = top_level(r, doc)
     if top is None:
         raise TopologyError(r.problems)
+    for path, msg in unsafe_values(top):
+        r.problem(path, msg)
     name = r.get(top, "", "name", "str", required=True)
     engine = r.get(top, "", "engine", "str", required=True, choices=ENGINES)
     launcher = r.get(top, "", "launcher", "str", default="local", choices=LAUNCHERS)
@@ -58,6 +65,7 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
     router = read_router(r, top)
     ports = read_ports(r, top)
     in_place = read_in_place(r, top)
+    limits = read_limits(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
     if model is None or name is None or engine is None:
@@ -65,6 +73,7 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, in_place=in_place,
+                    limits=limits,
                     source=doc.source,
                     lines=doc.lines)
     problems = list(r.problems)

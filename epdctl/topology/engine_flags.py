@@ -19,16 +19,19 @@ _COMMON = {"--model-path": None, "--host": None, "--port": None, "--log-level": 
 _SERVED = {"--served-model-name": None}
 _TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None}
 _SWITCH = {"--switchable": 0}
-_IMAGES = {"--max-images-per-request": None, "--max-image-bytes": None, "--allow-local-files": 0,
-           "--image-fetch-timeout": None}
+_PIXELS = {"--max-body-bytes": None, "--max-images-per-request": None, "--max-image-pixels": None,
+           "--max-request-pixels": None}
+_IMAGES = {**_PIXELS, "--max-prompt-tokens": None, "--max-image-bytes": None, "--allow-local-files": 0,
+           "--image-fetch-timeout": None, "--image-fetch-hosts": "*"}
+_KEY = {"--api-key-env": None}
 EMBEDDED_ROLES: dict[str, dict[str, object]] = {
     "encoder": {**_COMMON, **_TRANSPORT, "--cache-mb": None, "--max-batch-size": None, "--batch-wait-ms": None,
-                "--register-urls": "+", **_SWITCH},
+                "--register-urls": "+", **_PIXELS, **_KEY, **_SWITCH},
     "prefill": {**_COMMON, **_SERVED, **_TRANSPORT, **_IMAGES, "--bootstrap-port": None,
                 "--encoder-bootstrap-port": None, "--encoder-urls": "*", "--max-running-requests": None,
-                "--kv-timeout": None, "--encoder-timeout": None, "--encoder-probe-interval": None, **_SWITCH},
+                "--kv-timeout": None, "--encoder-timeout": None, "--encoder-probe-interval": None, **_KEY, **_SWITCH},
     "decode": {**_COMMON, **_SERVED, **_TRANSPORT, "--max-running-requests": None, "--kv-timeout": None,
-               "--max-images-per-request": None, **_SWITCH},
+               "--max-images-per-request": None, "--max-body-bytes": None, **_KEY, **_SWITCH},
     "colocated": {**_COMMON, **_SERVED, **_IMAGES, "--max-running-requests": None, "--cache-mb": None},
 }
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from epdctl.topology.limits import Limits
+
 
 class Role(str, Enum):
     """A worker's job. Start order is the declaration order below."""
@@ -176,6 +178,7 @@ class Topology:
     ports: Ports
     python: str = "python3"
     in_place: bool = False  # rebalance.in_place: start workers switchable (epdctl/topology/inplace.py)
+    limits: Limits = field(default_factory=Limits)
     source: Path | None = None
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 

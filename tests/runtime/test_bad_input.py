@@ -48,7 +48,7 @@ def workers(model_dir, tmp_path_factory):
         "p": Worker("prefill", [*m, "--served-model-name", MODEL, "--port", str(P), "--bootstrap-port", str(PB),
                                 "--encoder-bootstrap-port", str(PEB), "--kv-timeout", str(KV_TIMEOUT),
                                 "--max-images-per-request", "2", "--max-image-bytes", str(MAX_IMAGE_BYTES),
-                                "--image-fetch-timeout", "1"], logs),
+                                "--image-fetch-timeout", "1", "--image-fetch-hosts", "127.0.0.1"], logs),
         "d": Worker("decode", [*m, "--served-model-name", MODEL, "--port", str(D), "--kv-timeout", str(KV_TIMEOUT)],
                     logs),
     }

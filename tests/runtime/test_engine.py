@@ -162,7 +162,7 @@ def test_abort_frees_the_sequence(bundle, images):
 def test_undecodable_image_is_a_400_naming_the_image(bundle, images):
     with pytest.raises(BadRequestError) as info:
         VisionEncoder(bundle).encode([images[0], b"not an image"])
-    assert info.value.status == 400 and "image 1" in info.value.message
+    assert info.value.status == 400 and "image 2" in info.value.message  # 1-based, as everywhere
 
 
 def test_placeholder_count_mismatch_is_a_400(bundle):

@@ -231,18 +231,41 @@ def listing(port: int) -> dict:
 
 
 def test_registry_api_on_both_ports(cluster):
-    fake = "http://127.0.0.1:9"
-    for port in (P, PEB):
-        status, _ = run(_post_one(f"http://127.0.0.1:{port}/register_encoder_url", {"url": fake}))
-        assert status == 200
-        assert fake in [e["url"] for e in listing(P)["encoders"]] and fake in [e["url"] for e in listing(PEB)["encoders"]]
+    """Register/unregister on the HTTP port and the encoder-bootstrap port; an encoder that does not
+    answer /health is refused (400), so a bogus registration never receives requests."""
+    async def scenario():
+        app = web.Application()
+        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", FAKE_E + 1).start()
+        return runner
 
-        async def unregister():
-            async with aiohttp.ClientSession() as s, s.delete(f"http://127.0.0.1:{port}/unregister_encoder_url",
-                                                               json={"url": fake}) as r:
-                return r.status
-        assert run(unregister()) == 200
-        assert fake not in [e["url"] for e in listing(P)["encoders"]]
+    async def stop(runner):
+        await runner.cleanup()
+
+    fake = f"http://127.0.0.1:{FAKE_E + 1}"
+    loop = asyncio.new_event_loop()
+    runner = loop.run_until_complete(scenario())
+    try:
+        for port in (P, PEB):
+            status, body = run(_post_one(f"http://127.0.0.1:{port}/register_encoder_url", {"url": "http://127.0.0.1:9"}))
+            assert status == 400 and "does not answer" in body
+            status, _ = loop.run_until_complete(_post_one(f"http://127.0.0.1:{port}/register_encoder_url",
+                                                          {"url": fake}))
+            assert status == 200
+            assert fake in [e["url"] for e in listing(P)["encoders"]]
+            assert fake in [e["url"] for e in listing(PEB)["encoders"]]
+
+            async def unregister():
+                async with aiohttp.ClientSession() as s, s.delete(f"http://127.0.0.1:{port}/unregister_encoder_url",
+                                                                   json={"url": fake}) as r:
+                    return r.status
+            assert loop.run_until_complete(unregister()) == 200
+            assert fake not in [e["url"] for e in listing(P)["encoders"]]
+    finally:
+        loop.run_until_complete(stop(runner))
+        loop.close()
 
 
 def test_eviction_and_readmission(cluster):

@@ -4,7 +4,45 @@ from __future__ import annotations
 
 from epdctl.render.context import WorkerContext
 from epdctl.topology.inplace import switchable
-from epdctl.topology.model import Role
+from epdctl.topology.limits import Limits
+from epdctl.topology.model import Role, Topology
+
+# limits key -> runtime flag, and the roles that take it (docs/limits.md)
+_FLAGS = {
+    "max_body_bytes": ("--max-body-bytes", (Role.ENCODER, Role.PREFILL, Role.DECODE, Role.COLOCATED)),
+    "max_images_per_request": ("--max-images-per-request", (Role.ENCODER, Role.PREFILL, Role.DECODE, Role.COLOCATED)),
+    "max_image_pixels": ("--max-image-pixels", (Role.ENCODER, Role.PREFILL, Role.COLOCATED)),
+    "max_request_pixels": ("--max-request-pixels", (Role.ENCODER, Role.PREFILL, Role.COLOCATED)),
+    "max_prompt_tokens": ("--max-prompt-tokens", (Role.PREFILL, Role.COLOCATED)),
+    "max_image_bytes": ("--max-image-bytes", (Role.PREFILL, Role.COLOCATED)),
+    "image_fetch_timeout_s": ("--image-fetch-timeout", (Role.PREFILL, Role.COLOCATED)),
+    "image_fetch_hosts": ("--image-fetch-hosts", (Role.PREFILL, Role.COLOCATED)),
+}
+
+
+def limit_flags(limits: Limits, role: Role) -> list[str]:
+    """The runtime flags for the limits the topology sets (the others keep the same defaults there)."""
+    out: list[str] = []
+    for key, (flag, roles) in _FLAGS.items():
+        if key not in limits.given or role not in roles:
+            continue
+        value = getattr(limits, key)
+        out += [flag, *value] if isinstance(value, tuple) else [flag, f"{value:g}" if isinstance(value, float)
+                                                                 else str(value)]
+    if role is Role.ENCODER and limits.image_fetch_hosts:
+        # images fetched by the prefill reach the encoder base64-encoded: let it take a full request's worth
+        need = limits.max_images_per_request * limits.max_image_bytes * 4 // 3 + 65536
+        if need > limits.max_body_bytes:
+            out = [t for i, t in enumerate(out) if t != "--max-body-bytes" and (i == 0 or out[i - 1] != "--max-body-bytes")]
+            out += ["--max-body-bytes", str(need)]
+    return out
+
+
+def api_key_flags(topo: Topology, role: Role, in_place: bool = False) -> list[str]:
+    """The encoder registry and a switchable worker's POST /admin/switch_role take the cluster's key;
+    the key's variable name, never the key, is rendered."""
+    key_env = topo.router.api_key_env if topo.router is not None else None
+    return ["--api-key-env", key_env] if key_env and (in_place or role in (Role.ENCODER, Role.PREFILL)) else []
 
 
 def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -27,7 +65,9 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
             argv += ["--ib-device", ",".join(nics)]
     if w.settings.max_running_requests is not None and w.role is not Role.ENCODER:
         argv += ["--max-running-requests", str(w.settings.max_running_requests)]
-    if switchable(topo, w):
+    in_place = switchable(topo, w)
+    argv += limit_flags(topo.limits, w.role) + api_key_flags(topo, w.role, in_place)
+    if in_place:
         argv += ["--switchable"]
     argv += list(w.settings.args)
     return tuple(argv), {}

@@ -71,7 +71,7 @@ class KVBootstrap:
                         fut.cancel()
 
     def app(self) -> web.Application:
-        app = make_app()
+        app = make_app(64 * 1024)  # route registrations are a few hundred bytes
         app.router.add_post("/kv/route", self._h_route)
         app.router.add_get("/health", self._h_health)
         return app

@@ -16,9 +16,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from epdctl.runtime.images import ImageLimits, load_images
+from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
-from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
+from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.servers.admission import Admission
 from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, to_api_error
 from epdctl.runtime.servers.decode import GenerationMetrics
 from epdctl.runtime.servers.engine_loop import EngineLoop
@@ -39,8 +40,8 @@ class ColocatedServer:
         self.prefill = prefill
         self.decode = decode
         self.info = info
-        self.limits = ImageLimits(max_bytes=args.max_image_bytes, allow_local_files=args.allow_local_files,
-                                  fetch_timeout=args.image_fetch_timeout)
+        self.limits = limits_from_args(args)
+        self.admission = Admission(self.limits, bundle, info.context_length)
         self.loop: EngineLoop | None = None
         self.session: aiohttp.ClientSession | None = None
         self.slots = asyncio.Semaphore(args.max_running_requests)
@@ -57,7 +58,7 @@ class ColocatedServer:
                 lambda: float(self.waiting + (self.loop.pending_commands if self.loop else 0)))
 
     def app(self) -> web.Application:
-        app = make_app()
+        app = make_app(self.limits.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.h_chat)
         add_info_routes(app, self.info, self.metrics, self.loads, self.health_generate)
         return app
@@ -92,6 +93,7 @@ class ColocatedServer:
             req = parse_chat_request(await read_json(request), self.info.served_name,
                                      max_images=self.args.max_images_per_request, require_room=False,
                                      context_length=self.info.context_length)
+            self.admission.text_tokens_at_least(req)
             resp = await self._serve(request, req, t_arrival)
         except Exception as exc:
             err = to_api_error(exc)
@@ -109,11 +111,11 @@ class ColocatedServer:
         seq_id = uuid.uuid4().hex
         try:
             watch = Stopwatch()
-            images = await load_images(req.image_refs, self.limits, self.session)
+            images = await self.admission.images(req, self.session)
             encoded = await self.loop.call(self.encoder.encode, images) if images else []
             encode_ms = watch.lap()
             prompt = await self.loop.call(self._build_prompt, self.bundle, req.messages, [e.grid_thw for e in encoded])
-            check_context(len(prompt.input_ids), req.max_tokens, self.info.context_length)
+            self.admission.prompt(len(prompt.input_ids), req.max_tokens)
             params = self._params(req)
             result = await self.loop.call(self.prefill.prefill, prompt, encoded, params)
             prefill_ms = watch.lap()

@@ -19,12 +19,14 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from epdctl.runtime.errors import BadRequestError, RuntimeWorkerError, TransferError
+from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES
+from epdctl.runtime.memtrim import after_large
 from epdctl.runtime.openai_api import ApiError, decode_json, error_body
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-MAX_BODY_BYTES = 512 * 1024 * 1024
+BODY_LIMIT = web.AppKey("max_body_bytes", int)
 
 
 def version() -> str:
@@ -80,13 +82,20 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, f"request body is larger than {MAX_BODY_BYTES} bytes",
+        limit = request.app.get(BODY_LIMIT, DEFAULT_MAX_BODY_BYTES)
+        raise ApiError(413, f"request body is larger than the limit of {limit} bytes (limits.max_body_bytes)",
                        "request_too_large") from None
-    return decode_json(raw)
+    try:
+        return decode_json(raw)
+    finally:
+        after_large(len(raw))
 
 
-def make_app() -> web.Application:
-    return web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+def make_app(max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
+    """An app whose request bodies stop at ``max_body_bytes`` (413 before the rest is read)."""
+    app = web.Application(middlewares=[error_middleware], client_max_size=max_body_bytes)
+    app[BODY_LIMIT] = max_body_bytes
+    return app
 
 
 class ModelThread:

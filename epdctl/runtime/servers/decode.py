@@ -104,7 +104,7 @@ class DecodeServer:
         transport_metrics(m, self.transport)
 
     def app(self) -> web.Application:
-        app = make_app()
+        app = make_app(self.args.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.h_chat)
         add_native_routes(app, self, self.h_generate)
         add_info_routes(app, self.info, self.metrics, self.loads, self.health_generate)

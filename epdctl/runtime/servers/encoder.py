@@ -21,10 +21,12 @@ import aiohttp
 from aiohttp import web
 
 from epdctl.runtime.errors import BadRequestError
+from epdctl.runtime.limits import Limits, check_image_sizes, image_size, limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
                                            to_api_error)
+from epdctl.runtime.servers.registry import api_key_from_env, bearer
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +34,23 @@ log = logging.getLogger(__name__)
 @dataclass
 class _Job:
     images: list[bytes]
+    pixels: int = 0
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class EncodeBatcher:
     """Gathers concurrent encode jobs into one model call (bounded by images and wait time)."""
 
-    def __init__(self, encoder: Any, thread: ModelThread, max_batch_images: int, wait_s: float):
+    def __init__(self, encoder: Any, thread: ModelThread, max_batch_images: int, wait_s: float,
+                 max_batch_pixels: int = 1 << 62):
         self.encoder = encoder
+        self.max_batch_pixels = max_batch_pixels
         self.thread = thread
         self.max_batch_images = max(1, max_batch_images)
         self.wait_s = wait_s
         self.queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._task: asyncio.Task | None = None
+        self._held: _Job | None = None
         self.batches = 0
 
     def start(self) -> None:
@@ -55,15 +61,16 @@ class EncodeBatcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def encode(self, images: list[bytes]) -> list[Any]:
-        job = _Job(images)
+    async def encode(self, images: list[bytes], pixels: int = 0) -> list[Any]:
+        job = _Job(images, pixels)
         await self.queue.put(job)
         return await job.future
 
     async def _loop(self) -> None:
         while True:
-            jobs = [await self.queue.get()]
-            n = len(jobs[0].images)
+            jobs = [self._held or await self.queue.get()]
+            self._held = None
+            n, pixels = len(jobs[0].images), jobs[0].pixels
             deadline = time.monotonic() + self.wait_s
             while n < self.max_batch_images:
                 left = deadline - time.monotonic()
@@ -73,8 +80,11 @@ class EncodeBatcher:
                     job = await asyncio.wait_for(self.queue.get(), left)
                 except asyncio.TimeoutError:
                     break
+                if pixels + job.pixels > self.max_batch_pixels:  # decoded pixels of one batch stay bounded
+                    self._held = job
+                    break
                 jobs.append(job)
-                n += len(job.images)
+                n, pixels = n + len(job.images), pixels + job.pixels
             await self._run(jobs)
 
     async def _run(self, jobs: list[_Job]) -> None:
@@ -105,7 +115,10 @@ class EncoderServer:
         self.transport = transport
         self.wire = wire
         self.thread = ModelThread("encoder")
-        self.batcher = EncodeBatcher(encoder, self.thread, args.max_batch_size, args.batch_wait_ms / 1000.0)
+        self.limits: Limits = limits_from_args(args)
+        self.api_key = api_key_from_env(getattr(args, "api_key_env", None))
+        self.batcher = EncodeBatcher(encoder, self.thread, args.max_batch_size, args.batch_wait_ms / 1000.0,
+                                     max_batch_pixels=self.limits.max_request_pixels)
         self.session: aiohttp.ClientSession | None = None
         self.metrics = Registry("epd_encoder")
         self._register_task: asyncio.Task | None = None
@@ -129,7 +142,7 @@ class EncoderServer:
         m.counter_fn("transport_failures_total", "Failed transport sends", tstat("failures"))
 
     def app(self) -> web.Application:
-        app = make_app()
+        app = make_app(self.limits.max_body_bytes)
         app.router.add_post("/encode", self.h_encode)
         app.router.add_get("/health", self.h_health)
         app.router.add_get("/health_generate", self.h_health)
@@ -149,8 +162,9 @@ class EncoderServer:
         t0 = time.perf_counter()
         self.inflight += 1
         try:
-            key, reply_to, images = _parse_encode(await read_json(request))
-            results = await self.batcher.encode(images)
+            key, reply_to, images = _parse_encode(await read_json(request), self.limits)
+            pixels = _check_pixels(images, self.limits)
+            results = await self.batcher.encode(images, pixels)
             meta, tensors = self.wire.embeds_to_tensors(results)
             nbytes = await self.transport.send(reply_to, key, meta, tensors)
         except Exception as exc:
@@ -193,7 +207,10 @@ class EncoderServer:
     async def _register(self, base: str) -> bool:
         try:
             async with self.session.post(base.rstrip("/") + "/register_encoder_url", json={"url": self.public_url()},
+                                         headers=bearer(self.api_key),
                                          timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                if resp.status == 401:
+                    log.error("the registry at %s refused our API key (check --api-key-env)", base)
                 return resp.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
             return False
@@ -202,7 +219,7 @@ class EncoderServer:
         for base in self.args.register_urls or []:
             try:
                 async with self.session.delete(base.rstrip("/") + "/unregister_encoder_url",
-                                               json={"url": self.public_url()},
+                                               json={"url": self.public_url()}, headers=bearer(self.api_key),
                                                timeout=aiohttp.ClientTimeout(total=2)):
                     pass
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
@@ -229,10 +246,13 @@ class EncoderServer:
         self.thread.shutdown()
 
 
-def _parse_encode(body: dict[str, Any]) -> tuple[str, str, list[bytes]]:
+def _parse_encode(body: dict[str, Any], limits: Limits) -> tuple[str, str, list[bytes]]:
     key, reply_to, images = body.get("key"), body.get("reply_to"), body.get("images")
     if not isinstance(key, str) or not isinstance(reply_to, str) or not isinstance(images, list) or not images:
         raise ApiError(400, 'body must be {"key": str, "reply_to": str, "images": [base64, ...]}', "missing_field")
+    if len(images) > limits.max_images_per_request:
+        raise ApiError(400, f"too many images: {len(images)} in the request, the limit is "
+                            f"{limits.max_images_per_request} (limits.max_images_per_request)", "too_many_images")
     out = []
     for i, data in enumerate(images):
         try:
@@ -240,6 +260,13 @@ def _parse_encode(body: dict[str, Any]) -> tuple[str, str, list[bytes]]:
         except (binascii.Error, ValueError, TypeError):
             raise ApiError(400, f"image {i + 1}: not valid base64", "invalid_image") from None
     return key, reply_to, out
+
+
+def _check_pixels(images: list[bytes], limits: Limits) -> int:
+    """Pixel limits from the image headers, before anything is decoded; the request's total pixels."""
+    sizes = [image_size(n, data) for n, data in enumerate(images, start=1)]
+    check_image_sizes(sizes, limits)
+    return sum(w * h for w, h in sizes)
 
 
 async def build_encoder(args: Any, bundle: Any) -> Served:

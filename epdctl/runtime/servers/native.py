@@ -29,10 +29,19 @@ def _limits(server: Any) -> dict[str, Any]:
 def add_native_routes(app: web.Application, server: Any, generate: Any) -> None:
     async def tokenize(request: web.Request) -> web.Response:
         body = await read_json(request)
+        if isinstance(body.get("prompt"), str):
+            _check_text(server, body["prompt"], 0)
         return json_response(tokenize_response(body, server.bundle.tokenizer, server.info.context_length))
 
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/generate", generate)
+
+
+def _check_text(server: Any, text: str | None, max_tokens: int) -> None:
+    """A prompt that cannot fit is refused before it is tokenised (servers with an Admission)."""
+    admission = getattr(server, "admission", None)
+    if admission is not None and text:
+        admission.text(text, max_tokens)
 
 
 def _detok(server: Any, ids: list[int]) -> str:
@@ -55,6 +64,7 @@ async def prefill_generate(server: Any, request: web.Request) -> web.Response:
     body = await read_json(request)
     try:
         req = parse_generate(body, require_room=True, **_limits(server))
+        _check_text(server, req.text, req.max_new_tokens)
     except ApiError as err:
         if body.get("bootstrap_host") != FAKE_BOOTSTRAP_HOST:
             server._fail_partner(body.get("bootstrap_room"), err)

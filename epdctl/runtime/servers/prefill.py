@@ -16,16 +16,17 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from epdctl.runtime.images import ImageLimits, load_images
+from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
-from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
+from epdctl.runtime.openai_api import ApiError, parse_chat_request
 from epdctl.runtime.servers.bootstrap import KVBootstrap
+from epdctl.runtime.servers.admission import Admission
 from epdctl.runtime.servers.common import (ModelThread, Served, Stopwatch, json_response, make_app, read_json,
                                            to_api_error)
 from epdctl.runtime.servers.encoder_client import EncoderClient
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
 from epdctl.runtime.servers.native import add_native_routes, prefill_generate
-from epdctl.runtime.servers.registry import EncoderRegistry, bootstrap_app
+from epdctl.runtime.servers.registry import EncoderRegistry, api_key_from_env, bootstrap_app
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,11 @@ class PrefillServer:
         self.transport = transport
         self.info = info
         self.thread = ModelThread("prefill")
-        self.registry = EncoderRegistry(args.encoder_urls or [], probe_interval=args.encoder_probe_interval)
+        self.registry = EncoderRegistry(args.encoder_urls or [], probe_interval=args.encoder_probe_interval,
+                                        api_key=api_key_from_env(args.api_key_env))
         self.bootstrap = KVBootstrap(route_ttl=max(4 * args.kv_timeout, 60.0))
-        self.limits = ImageLimits(max_bytes=args.max_image_bytes, allow_local_files=args.allow_local_files,
-                                  fetch_timeout=args.image_fetch_timeout)
+        self.limits = limits_from_args(args)
+        self.admission = Admission(self.limits, bundle, info.context_length)
         self.session: aiohttp.ClientSession | None = None
         self.encoders: EncoderClient | None = None
         self.handoffs: set[asyncio.Task] = set()
@@ -70,7 +72,7 @@ class PrefillServer:
         transport_metrics(m, self.transport)
 
     def app(self) -> web.Application:
-        app = make_app()
+        app = make_app(self.limits.max_body_bytes)
         app.router.add_post("/v1/chat/completions", self.h_chat)
         self.registry.add_routes(app)
         add_native_routes(app, self, self.h_generate)
@@ -78,7 +80,7 @@ class PrefillServer:
         return app
 
     def encoder_bootstrap_app(self) -> web.Application:
-        return bootstrap_app(self.registry, make_app())
+        return bootstrap_app(self.registry, make_app(64 * 1024))
 
     async def h_generate(self, request: web.Request) -> web.Response:
         return await prefill_generate(self, request)
@@ -107,6 +109,7 @@ class PrefillServer:
         try:
             req = parse_chat_request(body, self.info.served_name, max_images=self.args.max_images_per_request,
                                      require_room=True, context_length=self.info.context_length)
+            self.admission.text_tokens_at_least(req)
         except ApiError as err:
             self._fail_partner(body.get("bootstrap_room"), err)
             self.m_requests.inc(labels={"status": str(err.status)})
@@ -136,7 +139,7 @@ class PrefillServer:
 
     async def _prefill(self, req: Any, t_arrival: float) -> tuple[Any, dict[str, float]]:
         watch = Stopwatch()
-        images = await load_images(req.image_refs, self.limits, self.session)
+        images = await self.admission.images(req, self.session)
         fetch_s = watch.lap() / 1000.0
         self.m_stage.observe(fetch_s, {"stage": "fetch"})
         encoded, emb_bytes = await self.encoders.encode(images) if images else ([], 0)
@@ -147,7 +150,7 @@ class PrefillServer:
                 self.m_cache.inc(labels={"result": "hit" if e.cached else "miss"})
         prompt = await self.thread.run(self._build_prompt, self.bundle, req.messages,
                                        [e.grid_thw for e in encoded])
-        check_context(len(prompt.input_ids), req.max_tokens, self.info.context_length)
+        self.admission.prompt(len(prompt.input_ids), req.max_tokens)
         result = await self.thread.run(self.engine.prefill, prompt, encoded, self.sampling(req))
         prefill_ms = watch.lap()
         self.m_stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
@@ -191,16 +194,19 @@ class PrefillServer:
             self.kv_held -= 1
 
     def _fail_partner(self, room: Any, err: ApiError) -> None:
-        """Tell the decode of this room that no KV is coming, so it answers the same error now."""
+        """Tell the decode of this room that no KV is coming, so it answers the same error now.
+
+        Only the error's fields travel to the background task: the exception's traceback would keep
+        the failed request's body (megabytes for a hostile one) alive for up to --kv-timeout.
+        """
         if room is None or isinstance(room, bool) or not isinstance(room, (int, str)):
             return
-        self._spawn(self._send_error(str(room), err))
+        meta = {"kind": "error", "status": err.status, "message": err.message, "code": err.code, "type": err.type}
+        self._spawn(self._send_error(str(room), meta))
 
-    async def _send_error(self, room: str, err: ApiError) -> None:
+    async def _send_error(self, room: str, meta: dict[str, Any]) -> None:
         try:
             reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
-            meta = {"kind": "error", "status": err.status, "message": err.message, "code": err.code,
-                    "type": err.type}
             await self.transport.send(reply_to, room, meta, {})
         except asyncio.TimeoutError:
             pass  # no decode for this room (a direct call, or the router never sent it)

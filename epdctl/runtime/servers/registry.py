@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 
+from epdctl.runtime.errors import RuntimeWorkerError
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.common import json_response, read_json
 
@@ -42,20 +46,39 @@ class EncoderRegistry:
     """Known encoders, their health and load, and the placement rule."""
 
     def __init__(self, urls: list[str], *, probe_interval: float = 2.0, probe_timeout: float = 2.0,
-                 load_slack: int = 2):
+                 load_slack: int = 2, api_key: str | None = None):
+        self.api_key = api_key
         self.encoders: dict[str, EncoderState] = {}
         for url in urls:
-            self.add(url, static=True)
+            try:
+                self.add(url, static=True)
+            except ApiError as exc:
+                raise RuntimeWorkerError(f"--encoder-urls: {exc.message}") from None
         self.probe_interval = probe_interval
         self.probe_timeout = probe_timeout
         self.load_slack = load_slack
         self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
 
     @staticmethod
     def normalize(url: str) -> str:
+        """``http(s)://host[:port]`` (no path, query or credentials), or ApiError(400) saying why not."""
         url = url.strip().rstrip("/")
-        if not url.startswith(("http://", "https://")):
+        if "://" not in url:
             url = "http://" + url
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ApiError(400, f"encoder URL {url!r} is not a valid URL ({exc})", "invalid_url") from None
+        if parts.scheme not in ("http", "https"):
+            raise ApiError(400, f"encoder URL {url!r}: only http:// and https:// URLs can be registered",
+                           "invalid_url")
+        del port  # parsed only to reject a bad one
+        if not parts.hostname or parts.username or parts.password or parts.path or parts.query \
+                or parts.fragment or any(c.isspace() or ord(c) < 32 for c in url):
+            raise ApiError(400, f"encoder URL {url!r}: expected http(s)://HOST[:PORT] with nothing after it",
+                           "invalid_url")
         return url
 
     def add(self, url: str, static: bool = False) -> str:
@@ -129,6 +152,7 @@ class EncoderRegistry:
                 self.encoders.pop(state.url, None)
 
     def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
         if self.probe_interval > 0:
             self._task = asyncio.create_task(self._loop(session))
 
@@ -155,17 +179,43 @@ class EncoderRegistry:
         app.router.add_delete("/unregister_encoder_url", self._h_unregister)
         app.router.add_get("/list_encoder_urls", self._h_list)
 
+    def authorize(self, request: web.Request) -> None:
+        """With an API key set, the registry answers only ``Authorization: Bearer <key>``."""
+        if not self.api_key:
+            return
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            raise ApiError(401, "the encoder registry needs the cluster's API key (Authorization: Bearer KEY)",
+                           "invalid_api_key")
+
     async def _h_register(self, request: web.Request) -> web.Response:
-        url = _url_field(await read_json(request))
+        self.authorize(request)
+        url = self.normalize(_url_field(await read_json(request)))
+        if url not in self.encoders and not await self._answers(url):
+            raise ApiError(400, f"encoder {url} does not answer GET /health; start it first (a registration "
+                                "is admitted only once the encoder is reachable)", "encoder_unreachable")
         return json_response({"status": "ok", "url": self.add(url)})
 
+    async def _answers(self, url: str) -> bool:
+        """A new registration is probed once, so a bogus URL never receives requests."""
+        if self._session is None:
+            return True  # not serving yet (unit use): the probe loop decides
+        try:
+            async with self._session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=self.probe_timeout),
+                                         allow_redirects=False) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
     async def _h_unregister(self, request: web.Request) -> web.Response:
+        self.authorize(request)
         url = _url_field(await read_json(request))
         if not self.remove(url):
             raise ApiError(404, f"encoder {url} is not registered", "not_registered")
         return json_response({"status": "ok", "url": self.normalize(url)})
 
     async def _h_list(self, request: web.Request) -> web.Response:
+        self.authorize(request)
         return json_response(self.listing())
 
 
@@ -174,6 +224,15 @@ def _url_field(body: dict) -> str:
     if not isinstance(url, str) or not url.strip():
         raise ApiError(400, "body must be {\"url\": \"http://host:port\"}", "missing_field")
     return url
+
+
+def api_key_from_env(name: str | None) -> str | None:
+    """The key held by environment variable ``name`` (the key itself never appears on a command line)."""
+    return (os.environ.get(name) or None) if name else None
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def bootstrap_app(registry: EncoderRegistry, app: web.Application) -> web.Application:
