@@ -109,13 +109,21 @@ class Launcher(Protocol):
         ...
 
 
+def key_vars(argv: Sequence[str]) -> list[str]:
+    """The variables a process reads the cluster's API key from, by name: an embedded worker's
+    ``--api-key-env NAME``, the router wrapper's ``-m epdctl.router_exec NAME``."""
+    return [argv[i + 1] for i, a in enumerate(argv[:-1])
+            if a == "--api-key-env" or (a == "epdctl.router_exec" and i > 0 and argv[i - 1] == "-m")]
+
+
 def worker_env(spec_env: Mapping[str, str], where: str,
-               source: Mapping[str, str] | None = None) -> dict[str, str]:
+               source: Mapping[str, str] | None = None, keys: Sequence[str] = ()) -> dict[str, str]:
     """The environment a worker starts with: the documented base set from ``source`` (this
-    shell) plus the topology's variables, ``${VAR}`` references resolved."""
+    shell), the API key variables its command names (``keys``, see ``key_vars``) and the
+    topology's variables, ``${VAR}`` references resolved."""
     source = os.environ if source is None else source
     env = {k: v for k, v in source.items()
-           if k in BASE_ENV or k.startswith(BASE_ENV_PREFIXES)}
+           if k in BASE_ENV or k.startswith(BASE_ENV_PREFIXES) or k in keys}
     env.update(expand_env(spec_env, where, source))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

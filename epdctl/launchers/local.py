@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import psutil
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import Results, Status, expand_argv, tail, worker_env
+from epdctl.launchers.base import Results, Status, expand_argv, key_vars, tail, worker_env
 from epdctl.state import Handle, ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class LocalLauncher:
     def _start_one(self, rec: ProcessRecord) -> Handle:
         argv = resolve_argv(tuple(rec.argv))
         real_argv = expand_argv(argv, rec.name)
-        env = worker_env(rec.env, rec.name)
+        env = worker_env(rec.env, rec.name, keys=key_vars(rec.argv))
         log = Path(rec.log)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import Results, Status, expand_argv, tail, worker_env
+from epdctl.launchers.base import Results, Status, expand_argv, key_vars, tail, worker_env
 from epdctl.launchers.local import follow_file
 from epdctl.slurm import jobs, steps
 from epdctl.slurm.sbatch import directives, slurm_nodes, substitute
@@ -199,7 +199,7 @@ class SlurmLauncher:
             argv[0] = alloc.python[rec.node]
         setup = list(_plan(self.topology).setup.get(rec.node, ())) if self.topology else []
         command = "\n".join([*setup, "exec " + shlex.join(argv)])
-        env = worker_env({k: self.place(v) for k, v in rec.env.items()}, rec.name)
+        env = worker_env({k: self.place(v) for k, v in rec.env.items()}, rec.name, keys=key_vars(rec.argv))
         logf = Path(rec.log)
         logf.parent.mkdir(parents=True, exist_ok=True)
         slurm_node = alloc.nodes[rec.node][0]

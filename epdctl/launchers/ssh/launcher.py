@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import epdctl
 from epdctl.errors import LaunchError
 from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
-from epdctl.launchers.base import Results, Status
+from epdctl.launchers.base import Results, Status, key_vars
 from epdctl.state import Handle, ProcessRecord
 from epdctl.launchers.ssh.nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
                                         options_from_env, ports_of, run_agent, save_nodes)
@@ -136,8 +136,12 @@ class SSHLauncher:
     def _wire(self, rec: ProcessRecord) -> dict[str, Any]:
         acc = self._access(rec.node)
         env = expand_local({**acc.env, **rec.env})
-        if rec.role == "router" and self.api_key_env and self.api_key_env in os.environ:
-            env[self.api_key_env] = os.environ[self.api_key_env]  # travels on stdin only
+        names = key_vars(rec.argv)  # the router wrapper's and embedded workers' --api-key-env
+        if rec.role == "router" and self.api_key_env:
+            names.append(self.api_key_env)
+        for name in names:
+            if name in os.environ:
+                env[name] = os.environ[name]  # travels on stdin only
         return {"name": rec.name, "argv": list(rec.argv), "env": env,
                 "ports": ports_of(rec.argv)}
 
