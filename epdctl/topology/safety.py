@@ -6,8 +6,8 @@ Two passes over the raw YAML, before and after the schema reads it:
    would end a comment or an ``#SBATCH`` line and start a command; a line ``EPD_CMD`` would end
    the sbatch here-document) or a lone surrogate (it cannot be written as UTF-8). These are
    reported alone, before anything else reads the document.
-2. ``unsafe_values``: names (cluster, nodes) use a safe character set, hosts are host names or
-   IP addresses, SLURM names use sbatch's own character sets, SSH users and jump hosts are what
+2. ``unsafe_values``: names (cluster, nodes) use a safe character set, hosts are host names,
+   IP addresses or whole-value ``${NAME}`` references, SLURM names use sbatch's own character sets, SSH users and jump hosts are what
    ssh accepts. Everything else (paths, args, env values, sbatch ``extra`` values) is
    shell-quoted by the renderers.
 """
@@ -31,6 +31,9 @@ SLURM_TIME = re.compile(r"^([0-9]+(-[0-9]{1,2})?(:[0-9]{1,2}){0,2}|infinite|UNLI
 SLURM_OPTION = re.compile(r"^[a-z][a-z0-9-]{0,40}$")
 SSH_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,31}\$?$")
 HOST_KEYS = ("host", "prometheus_host", "ip")
+# A whole-value ``${NAME}`` reference (``epdctl import`` keeps a script's unset variables so):
+# rendered inside double quotes, the shell expands it to one word and nothing else runs.
+VAR_REF = re.compile(r"^\$\{[A-Za-z_][A-Za-z0-9_]*\}$")
 
 
 def describe_char(ch: str) -> str:
@@ -74,8 +77,8 @@ def is_host(value: str) -> bool:
 
 
 def _host(path: str, value: Any, words: tuple[str, ...] = ()) -> Iterator[tuple[str, str]]:
-    if isinstance(value, str) and value not in words and not is_host(value):
-        yield path, f"{ascii(value)} is not a host name or an IP address"
+    if isinstance(value, str) and value not in words and not is_host(value) and not VAR_REF.match(value):
+        yield path, f"{ascii(value)} is not a host name, an IP address or a ${{NAME}} reference"
 
 
 def _name(path: str, value: Any, what: str) -> Iterator[tuple[str, str]]:
