@@ -82,7 +82,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app.get(BODY_LIMIT, DEFAULT_MAX_BODY_BYTES)
+        limit = request.client_max_size  # the app's make_app(max_body_bytes), or a switchable role's
         raise ApiError(413, f"request body is larger than the limit of {limit} bytes (limits.max_body_bytes)",
                        "request_too_large") from None
     try:

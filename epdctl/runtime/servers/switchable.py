@@ -25,7 +25,7 @@ from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime.servers.common import (Served, json_response, make_app, quietly, read_json,
+from epdctl.runtime.servers.common import (BODY_LIMIT, Served, json_response, make_app, quietly, read_json,
                                            start_runners, stop_event, stop_runners)
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,9 @@ class RoleHost:
         match = await served.app.router.resolve(request)
         if match.http_exception is not None:
             raise match.http_exception
+        limit = served.app.get(BODY_LIMIT)  # the role's own body limit (make_app(max_body_bytes))
+        if limit is not None and limit != request.client_max_size:
+            request = request.clone(client_max_size=limit)
         return await match.handler(request)
 
     async def h_metrics(self, _: web.Request) -> web.Response:
