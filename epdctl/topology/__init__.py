@@ -37,14 +37,15 @@ def topology_from_text(text: str, source: str | Path | None = None, *, cross_che
 
 
 def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = None) -> Topology:
-    unsafe = [Problem(path, doc.line(path), msg) for path, msg in unsafe_text(doc.data)]
+    tracing = reader is not None  # jsonschema_gen: placeholder values, no text to scan
+    unsafe = [] if tracing else [Problem(path, doc.line(path), msg) for path, msg in unsafe_text(doc.data)]
     if unsafe:  # nothing else reads a document holding control characters or lone surrogates
         raise TopologyError(_sorted(_dedupe(unsafe)))
     r = reader or Reader(doc)  # jsonschema_gen passes a tracing reader
     top = top_level(r, doc)
     if top is None:
         raise TopologyError(r.problems)
-    for path, msg in unsafe_values(top):
+    for path, msg in [] if tracing else unsafe_values(top):
         r.problem(path, msg)
     name = r.get(top, "", "name", "str", required=True)
     engine = r.get(top, "", "engine", "str", required=True, choices=ENGINES)
