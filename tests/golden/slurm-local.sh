@@ -46,6 +46,7 @@ python3 -m smg.launch_router \
     --port 37101 \
     --prometheus-host n0.slurm \
     --prometheus-port 37102 \
+    --max-payload-size 67108864 \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \

@@ -49,6 +49,7 @@ python3 -m smg.launch_router \
     --port 35101 \
     --prometheus-host 127.0.0.2 \
     --prometheus-port 35102 \
+    --max-payload-size 67108864 \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \

@@ -60,6 +60,7 @@ python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --prometheus-host 10.0.0.11 \
     --prometheus-port 29000 \
     --policy round_robin \
+    --max-payload-size 67108864 \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \
