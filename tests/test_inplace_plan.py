@@ -3,6 +3,7 @@ planned move takes (and why), checked by the engines' own parsers."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,20 @@ roles:
     (line,) = switchable_memory(sglang_pd())
     assert "3 prefill/decode worker(s) start --enable-pd-role-switch" in line
     assert switchable_memory(sglang_pd(encoders=True)) == []
+
+
+def test_switchable_workers_of_every_role_get_the_cluster_key_and_limits() -> None:
+    """POST /admin/switch_role needs the key like the encoder registry (i14 + i17), so a switchable
+    decode is started with --api-key-env too; the topology's limits reach every switchable worker."""
+    topo = embedded()
+    router = dataclasses.replace(topo.router, api_key_env="EPD_CLUSTER_KEY")
+    limits = dataclasses.replace(topo.limits, max_body_bytes=4096, given=frozenset({"max_body_bytes"}))
+    plan = build_plan(dataclasses.replace(topo, router=router, limits=limits))
+    for w in plan.workers:
+        argv = list(w.argv)
+        assert argv[argv.index("--api-key-env") + 1] == "EPD_CLUSTER_KEY", w.name
+        assert argv[argv.index("--max-body-bytes") + 1] == "4096", w.name
+        role = argv[argv.index("epdctl.runtime") + 1]
+        assert flag_table("embedded", role).check(argv[argv.index(role) + 1:]) == []
+    plain = build_plan(dataclasses.replace(embedded("false"), router=router))
+    assert all("--api-key-env" not in w.argv for w in plain.workers if w.role == "decode")

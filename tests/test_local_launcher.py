@@ -195,3 +195,16 @@ def test_registry() -> None:
     assert isinstance(get_launcher("local"), LocalLauncher)
     with pytest.raises(LaunchError, match="unknown launcher 'ssh2'.*local"):
         get_launcher("ssh2")
+
+
+def test_the_api_key_variable_a_command_names_reaches_it() -> None:
+    """Env hygiene keeps the operator's variables away from workers, except the one a worker's
+    ``--api-key-env NAME`` (or the router wrapper) is told to read."""
+    from epdctl.launchers.base import key_vars
+    shell = {"PATH": "/bin", "CLUSTER_KEY": "k", "OTHER_SECRET": "s"}
+    argv = ["python", "-m", "epdctl.runtime", "decode", "--api-key-env", "CLUSTER_KEY", "--switchable"]
+    assert key_vars(argv) == ["CLUSTER_KEY"]
+    assert key_vars(["python", "-m", "epdctl.router_exec", "RK", "smg.launch_router"]) == ["RK"]
+    env = worker_env({}, "decode-0", source=shell, keys=key_vars(argv))
+    assert env == {"PATH": "/bin", "CLUSTER_KEY": "k", "PYTHONUNBUFFERED": "1"}
+    assert "CLUSTER_KEY" not in worker_env({}, "decode-0", source=shell)

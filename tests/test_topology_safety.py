@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from epdctl.cli import cli
 from epdctl.errors import TopologyError
 from epdctl.topology import topology_from_text
-from epdctl.topology.safety import is_host
+from epdctl.topology.safety import _host, is_host
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM = yaml.safe_load((ROOT / "topologies" / "slurm-local.yaml").read_text())
@@ -68,6 +68,13 @@ def test_unsafe_values_are_validation_errors(tmp_path: Path, path: str, value: o
                                      ("-oProxyCommand", False), ("", False), ("1.2.3.999", False), ("x" * 64, False)])
 def test_is_host(host: str, ok: bool) -> None:
     assert is_host(host) is ok
+
+
+@pytest.mark.parametrize("host,ok", [("${prefill_master_ip}", True), ("${A_1}", True), ("${x}y", False),
+                                     ("x${A}", False), ("${A;id}", False), ("$(id)", False), ("${1A}", False)])
+def test_a_whole_value_variable_reference_is_a_host(host: str, ok: bool) -> None:
+    """epdctl import keeps a script's unset variables as ${NAME} hosts; rendered quoted, they expand."""
+    assert (list(_host("nodes[0].host", host)) == []) is ok
 
 
 def test_example_topologies_stay_valid() -> None:

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
-from epdctl.runtime.servers.common import Served, json_response, make_app, start_runners, stop_runners
+from epdctl.runtime.servers.common import Served, json_response, make_app, read_json, start_runners, stop_runners
 from epdctl.runtime.servers.switchable import RoleHost
 
 
@@ -120,3 +120,42 @@ async def scenario(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_role_host(monkeypatch: pytest.MonkeyPatch) -> None:
     asyncio.run(scenario(monkeypatch))
+
+
+async def body_limits() -> None:
+    """The dispatcher reads a body with the current role's own limit (make_app(max_body_bytes))."""
+    port = free_port()
+    limits = {"encoder": 1000, "decode": 100_000}
+
+    async def build(args: Any, bundle: Any) -> Served:
+        async def echo(request: web.Request) -> web.Response:
+            return json_response({"n": len((await read_json(request))["x"])})
+        app = make_app(limits[args.role])
+        app.router.add_post("/echo", echo)
+        return Served(args.role, Fake(args.role), app)
+
+    args = parse(["encoder", "--port", str(port)])
+    host = RoleHost(args, bundle=None, parse=parse, build=build)
+    runners = await start_runners([(host.app(), "127.0.0.1", port)])
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await host.bring(args)
+        async with aiohttp.ClientSession() as s:
+            async def echo(n: int) -> tuple[int, Any]:
+                async with s.post(base + "/echo", json={"x": "a" * n}) as r:
+                    return r.status, await r.json()
+
+            assert await echo(10) == (200, {"n": 10})
+            status, doc = await echo(5000)
+            assert status == 413 and "limit of 1000 bytes" in doc["error"]["message"]
+            async with s.post(base + "/admin/switch_role", json={"argv": ["decode", "--port", str(port)]}) as r:
+                assert r.status == 200
+            assert await echo(5000) == (200, {"n": 5000})
+            status, doc = await echo(200_000)
+            assert status == 413 and "limit of 100000 bytes" in doc["error"]["message"]
+    finally:
+        await stop_runners(runners)
+
+
+def test_role_host_body_limit_follows_the_role() -> None:
+    asyncio.run(body_limits())
