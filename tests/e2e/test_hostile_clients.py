@@ -90,7 +90,7 @@ def _rss(cluster: Cluster) -> dict[str, int]:
     out = {}
     for p in cluster.state()["processes"]:
         try:
-            out[p["name"]] = psutil.Process(p["pid"]).memory_info().rss
+            out[p["name"]] = psutil.Process(p["handle"]["pid"]).memory_info().rss  # i13 state: one record per process
         except psutil.NoSuchProcess:
             out[p["name"]] = -1
     return out
