@@ -40,6 +40,9 @@ def _common(p: argparse.ArgumentParser, served: bool = True) -> None:
 def _transport(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=["zmq", "zmq-ipc", "mooncake"], default="zmq")
     p.add_argument("--ib-device", default=None, help="RDMA device for --transport mooncake")
+    p.add_argument("--transfer-port", type=int, default=0,
+                   help="port of this worker's transfer endpoint (0: any free port; epdctl renders one from the "
+                        "topology's port range)")
 
 
 def _images(p: argparse.ArgumentParser) -> None:

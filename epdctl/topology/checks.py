@@ -38,7 +38,7 @@ MANAGED = {
              "--master-addr", "--master-port", "--headless", "--kv-transfer-config", "--ec-transfer-config",
              "--mm-encoder-only", "--api-key"),
     "embedded": ("--model-path", "--host", "--port", "--served-model-name", "--transport", "--bootstrap-port",
-                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls"),
+                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls", "--transfer-port"),
 }
 
 

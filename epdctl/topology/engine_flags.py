@@ -16,7 +16,7 @@ from importlib import resources
 # the control plane may not import the runtime, so it is mirrored here and a test keeps them equal.
 _COMMON = {"--model-path": None, "--host": None, "--port": None, "--log-level": None}
 _SERVED = {"--served-model-name": None}
-_TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None}
+_TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None, "--transfer-port": None}
 _IMAGES = {"--max-images-per-request": None, "--max-image-bytes": None, "--allow-local-files": 0,
            "--image-fetch-timeout": None}
 EMBEDDED_ROLES: dict[str, dict[str, object]] = {

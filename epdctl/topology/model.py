@@ -79,6 +79,7 @@ class Worker:
     bootstrap_port: int | None = None
     encoder_bootstrap_port: int | None = None
     dist_init_port: int | None = None
+    transfer_port: int | None = None  # embedded runtime: its E->P / P->D transfer endpoint
 
     @property
     def name(self) -> str:

@@ -27,7 +27,8 @@ SSH_KEYS = ("user", "port", "key", "jump")
 NIC_KEYS = ("name", "kind", "ip", "speed_gbps")
 NIC_KINDS = ("ib", "roce", "eth")
 ROLE_KEYS = ("nodes", "count", "workers") + SETTING_KEYS
-WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port") + SETTING_KEYS
+WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port",
+               "transfer_port") + SETTING_KEYS
 TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path")
 TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl")
 ROUTER_KEYS = ("node", "host", "port", "prometheus_host", "prometheus_port", "api_key_env", "implementation",

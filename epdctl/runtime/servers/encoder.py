@@ -242,7 +242,7 @@ async def run_encoder(args: Any) -> None:
 
     bundle = await asyncio.to_thread(load_bundle, args.model_path, role="encoder")
     encoder = VisionEncoder(bundle, cache_mb=args.cache_mb)
-    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
     await transport.start()
     server = EncoderServer(args, encoder, transport, wire)
     await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop, server.on_drain)

@@ -1,27 +1,42 @@
-"""ZMQ transport (default): the whole wire message travels inline over tcp:// or ipc://.
+"""ZMQ transport (default): wire messages over tcp:// or ipc://, or through shared memory.
 
-Each ``send`` opens a short-lived DEALER to the peer's ROUTER and waits for its ``OK`` (sent
-only after the receiver verified sizes and checksums), so concurrent sends never share state.
+Small messages travel inline (DATA). A large one to a peer on this host goes through a segment
+of /dev/shm the receiver lends (SHM -> the sender writes -> SHMDONE; see shm.py); whether a peer
+shares the host is found out by the first such lease and remembered. Every message is answered
+only after the receiver verified sizes and checksums, so ``send()`` returning means delivered.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import tempfile
+import time
 import uuid
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..errors import TransferError
-from ..wire import Frame, pack, unpack
+from ..wire import Frame, fill, layout, pack, parse_header, unpack, unpack_written
+from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
+
+SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
 
 
 class ZmqTransport(Endpoint):
-    def __init__(self, bind: str, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(self, bind: str, timeout: float = DEFAULT_TIMEOUT, use_shm: bool = True):
         super().__init__(bind, timeout)
         self._ipc_path: str | None = None
+        self.use_shm = use_shm and shm.available()
+        self.shm_min_bytes = SHM_MIN_BYTES
+        self._pool = shm.SegmentPool()
+        self._maps = shm.SenderMaps()
+        self._same_host: dict[str, bool] = {}
+        self._leases: dict[str, tuple[float, str, bytes, shm.Segment]] = {}
+        self.stats.update({"shm_sent": 0, "shm_received": 0})
 
     @classmethod
     def ipc(cls, ipc_dir: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "ZmqTransport":
@@ -44,9 +59,13 @@ class ZmqTransport(Endpoint):
         """Send already-packed frames (tests use it to put damaged payloads on a real socket)."""
         if not peer.startswith("zmq+"):
             raise TransferError(f"peer {peer!r} is not a zmq address (zmq+tcp://... or zmq+ipc://...)")
-        nbytes = sum(memoryview(f).nbytes for f in frames)
+        nbytes = sum(memoryview(f).nbytes for f in frames[1:])
         try:
-            await self.request(peer[4:], [b"DATA", key.encode(), *frames], f"send {key!r}")
+            sent = False
+            if self.use_shm and nbytes >= self.shm_min_bytes and self._same_host.get(peer, True):
+                sent = await self._send_shm(peer[4:], peer, key, frames)
+            if not sent:
+                await self.request(peer[4:], [b"DATA", key.encode(), *frames], f"send {key!r}")
         except TransferError:
             self.stats["failures"] += 1
             raise
@@ -54,22 +73,93 @@ class ZmqTransport(Endpoint):
         self.stats["transfers_sent"] += 1
         return nbytes
 
+    async def _send_shm(self, endpoint: str, peer: str, key: str, frames: Sequence[Frame]) -> bool:
+        """Hand ``frames`` over through a segment the peer lends; False: the peer is not on this host."""
+        header = bytes(frames[0])
+        reply = await self.request(endpoint, [b"SHM", key.encode(), header], f"send {key!r}")
+        if len(reply) < 3:  # the receiver has no shared memory to lend
+            self._same_host[peer] = False
+            return False
+        name, xid = reply[1].decode(), reply[2]
+        total = layout(parse_header(header)["tensors"])[1]
+        try:
+            dst = self._maps.open(name, total)
+        except OSError:
+            self._same_host[peer] = False
+            await self.request(endpoint, [b"DROP", xid], f"send {key!r}")
+            return False
+        self._same_host[peer] = True
+        bufs = list(frames[1:])
+        if total >= (1 << 20):
+            lengths = await asyncio.to_thread(fill, header, bufs, dst)
+        else:
+            lengths = fill(header, bufs, dst)
+        del dst
+        self.stats["shm_sent"] += 1
+        await self.request(endpoint, [b"SHMDONE", xid, json.dumps(lengths).encode()], f"send {key!r}")
+        return True
+
     async def _handle(self, frames: list[memoryview]) -> list[bytes]:
-        if len(frames) < 2 or bytes(frames[0]) != b"DATA":
-            return [b"ERR", b"unknown message"]
-        key = bytes(frames[1]).decode()
-        payload = frames[2:]
-        nbytes = sum(f.nbytes for f in payload)
+        kind = bytes(frames[0]) if frames else b""
+        self._purge()
+        if kind == b"DATA" and len(frames) >= 2:
+            key = bytes(frames[1]).decode()
+            payload = frames[2:]
+            return await self._verified(key, lambda: unpack(payload), sum(f.nbytes for f in payload[1:]))
+        if kind == b"SHM" and len(frames) == 3:
+            return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
+        if kind == b"SHMDONE" and len(frames) == 3:
+            lease = self._leases.pop(bytes(frames[1]).decode(), None)
+            if lease is None:
+                return [b"ERR", b"unknown or expired shared-memory lease"]
+            _, key, header, seg = lease
+            lengths = json.loads(bytes(frames[2]))
+            buf = self._pool.view(seg, layout(parse_header(header)["tensors"])[1])
+            self.stats["shm_received"] += 1
+            return await self._verified(key, lambda: unpack_written(header, buf, lengths), sum(lengths))
+        if kind == b"DROP" and len(frames) == 2:
+            lease = self._leases.pop(bytes(frames[1]).decode(), None)
+            if lease is not None:
+                self._pool.drop(lease[3])
+            return [b"OK"]
+        return [b"ERR", b"unknown message"]
+
+    def _lease(self, key: str, header: bytes) -> list[bytes]:
+        if not self.use_shm:
+            return [b"OK"]
+        try:
+            total = layout(parse_header(header)["tensors"])[1]
+            seg = self._pool.lease(total)
+        except (TransferError, KeyError, ValueError, TypeError):
+            return [b"OK"]  # let the inline copy bring the same header and fail loudly there
+        except OSError:
+            return [b"OK"]  # /dev/shm full or unusable: inline
+        xid = uuid.uuid4().hex
+        self._leases[xid] = (time.monotonic(), key, header, seg)
+        return [b"OK", seg.name.encode(), xid.encode()]
+
+    async def _verified(self, key: str, check: Callable[[], object], nbytes: int) -> list[bytes]:
+        """Run ``check`` (verify + build tensors) and answer OK, or ERR with its TransferError."""
         self.stats["bytes_received"] += nbytes
         try:
-            result = await verify(unpack, payload, nbytes)
+            result = await verify(lambda _: check(), None, nbytes)
         except TransferError as exc:
             self._deliver(key, exc)
             return [b"ERR", str(exc).encode()]
         self._deliver(key, result)
         return [b"OK"]
 
+    def _purge(self) -> None:
+        now = time.monotonic()
+        for xid in [x for x, lease in self._leases.items() if now - lease[0] > self.timeout]:
+            self._pool.drop(self._leases.pop(xid)[3])
+
     async def close(self) -> None:
         await super().close()
+        self._maps.close()
+        for _, _, _, seg in self._leases.values():
+            seg.release()
+        self._leases.clear()
+        self._pool.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)
