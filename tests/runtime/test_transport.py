@@ -233,3 +233,20 @@ def test_peer_on_another_host_falls_back_to_the_socket(tmp_path):
         assert not b._leases  # the one lease asked for was returned
 
     with_pair("zmq", fn)
+
+
+def test_pack_into_equals_pack_then_fill_for_chunked_and_odd_sizes():
+    import numpy as np
+
+    from epdctl.runtime.wire import describe, fill, layout, pack_into, unpack_written
+
+    tensors = {"big": torch.randn(300_001), "odd": torch.arange(13, dtype=torch.int16), "e": torch.empty(0)}
+    frames = pack({"m": 2}, tensors)
+    header, bufs = describe({"m": 2}, tensors)
+    total = layout(header["tensors"])[1]
+    a, b = np.zeros(total, np.uint8), np.zeros(total, np.uint8)
+    lengths = fill(frames[0], frames[1:], a)
+    assert pack_into(header, bufs, b) == bytes(frames[0]) and np.array_equal(a, b)
+    meta, got = unpack_written(frames[0], torch.from_numpy(b), lengths)
+    assert meta == {"m": 2}
+    assert_same(tensors, got)

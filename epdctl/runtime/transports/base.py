@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 UNCLAIMED_TTL = 300.0      # arrived data nobody asked for is dropped after this long
-_OFFLOAD_BYTES = 1 << 20   # verify larger payloads in a thread so the event loop keeps serving
+_OFFLOAD_BYTES = 32 << 20  # verify larger payloads in a thread so the event loop keeps serving
 _IDLE_PER_PEER = 8         # pooled sockets kept per peer (more concurrent sends open more, then close them)
 
 

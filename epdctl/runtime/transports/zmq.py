@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import TransferError
-from ..wire import Frame, fill, layout, pack, parse_header, unpack, unpack_written
+from ..wire import Frame, describe, fill, layout, pack, pack_into, parse_header, unpack, unpack_written
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
 
@@ -39,9 +39,9 @@ class ZmqTransport(Endpoint):
         self.stats.update({"shm_sent": 0, "shm_received": 0})
 
     @classmethod
-    def ipc(cls, ipc_dir: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> "ZmqTransport":
+    def ipc(cls, ipc_dir: str | None = None, timeout: float = DEFAULT_TIMEOUT, use_shm: bool = True) -> "ZmqTransport":
         path = os.path.join(ipc_dir or tempfile.gettempdir(), f"epd-{uuid.uuid4().hex[:12]}.sock")
-        t = cls(f"ipc://{path}", timeout)
+        t = cls(f"ipc://{path}", timeout, use_shm)
         t._ipc_path = path
         return t
 
@@ -53,19 +53,36 @@ class ZmqTransport(Endpoint):
         await self._bind()
 
     async def send(self, peer: str, key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> int:
-        return await self.send_frames(peer, key, pack(meta, tensors))
+        header, bufs = describe(meta, tensors)
+        if not self._shm_worth(peer, header["total"]):
+            return await self.send_frames(peer, key, pack(meta, tensors))
+
+        def write(dst) -> tuple[list[int], bytes]:  # copy + checksum in one pass over the tensors
+            return [b.nbytes for b in bufs], pack_into(header, bufs, dst)
+
+        return await self._send(peer, key, header["total"],
+                                lambda: self._send_shm(peer, key, json.dumps(header).encode(), write),
+                                lambda: pack(meta, tensors))
 
     async def send_frames(self, peer: str, key: str, frames: Sequence[Frame]) -> int:
         """Send already-packed frames (tests use it to put damaged payloads on a real socket)."""
+        nbytes = sum(memoryview(f).nbytes for f in frames[1:])
+        header = bytes(frames[0])
+        shm_send = None
+        if self._shm_worth(peer, nbytes):
+            shm_send = lambda: self._send_shm(peer, key, header, lambda dst: (fill(header, frames[1:], dst), b""))
+        return await self._send(peer, key, nbytes, shm_send, lambda: frames)
+
+    def _shm_worth(self, peer: str, nbytes: int) -> bool:
         if not peer.startswith("zmq+"):
             raise TransferError(f"peer {peer!r} is not a zmq address (zmq+tcp://... or zmq+ipc://...)")
-        nbytes = sum(memoryview(f).nbytes for f in frames[1:])
+        return self.use_shm and nbytes >= self.shm_min_bytes and self._same_host.get(peer, True)
+
+    async def _send(self, peer: str, key: str, nbytes: int, via_shm, frames) -> int:
+        """Try ``via_shm()`` (False: the peer is not on this host), else send ``frames()`` inline."""
         try:
-            sent = False
-            if self.use_shm and nbytes >= self.shm_min_bytes and self._same_host.get(peer, True):
-                sent = await self._send_shm(peer[4:], peer, key, frames)
-            if not sent:
-                await self.request(peer[4:], [b"DATA", key.encode(), *frames], f"send {key!r}")
+            if via_shm is None or not await via_shm():
+                await self.request(peer[4:], [b"DATA", key.encode(), *frames()], f"send {key!r}")
         except TransferError:
             self.stats["failures"] += 1
             raise
@@ -73,9 +90,10 @@ class ZmqTransport(Endpoint):
         self.stats["transfers_sent"] += 1
         return nbytes
 
-    async def _send_shm(self, endpoint: str, peer: str, key: str, frames: Sequence[Frame]) -> bool:
-        """Hand ``frames`` over through a segment the peer lends; False: the peer is not on this host."""
-        header = bytes(frames[0])
+    async def _send_shm(self, peer: str, key: str, header: bytes, write) -> bool:
+        """Lease a segment of the peer's for the message laid out by ``header``; ``write(dst)``
+        fills it and returns (lengths, final header or b""). False: the peer is not on this host."""
+        endpoint = peer[4:]
         reply = await self.request(endpoint, [b"SHM", key.encode(), header], f"send {key!r}")
         if len(reply) < 3:  # the receiver has no shared memory to lend
             self._same_host[peer] = False
@@ -89,14 +107,13 @@ class ZmqTransport(Endpoint):
             await self.request(endpoint, [b"DROP", xid], f"send {key!r}")
             return False
         self._same_host[peer] = True
-        bufs = list(frames[1:])
-        if total >= (1 << 20):
-            lengths = await asyncio.to_thread(fill, header, bufs, dst)
+        if total >= (32 << 20):
+            lengths, final = await asyncio.to_thread(write, dst)
         else:
-            lengths = fill(header, bufs, dst)
+            lengths, final = write(dst)
         del dst
         self.stats["shm_sent"] += 1
-        await self.request(endpoint, [b"SHMDONE", xid, json.dumps(lengths).encode()], f"send {key!r}")
+        await self.request(endpoint, [b"SHMDONE", xid, json.dumps(lengths).encode(), final], f"send {key!r}")
         return True
 
     async def _handle(self, frames: list[memoryview]) -> list[bytes]:
@@ -108,13 +125,14 @@ class ZmqTransport(Endpoint):
             return await self._verified(key, lambda: unpack(payload), sum(f.nbytes for f in payload[1:]))
         if kind == b"SHM" and len(frames) == 3:
             return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
-        if kind == b"SHMDONE" and len(frames) == 3:
+        if kind == b"SHMDONE" and len(frames) == 4:
             lease = self._leases.pop(bytes(frames[1]).decode(), None)
             if lease is None:
                 return [b"ERR", b"unknown or expired shared-memory lease"]
             _, key, header, seg = lease
             lengths = json.loads(bytes(frames[2]))
-            buf = self._pool.view(seg, layout(parse_header(header)["tensors"])[1])
+            header = bytes(frames[3]) or header  # send() fills the checksums in while writing
+            buf = self._pool.view(seg, seg.size)
             self.stats["shm_received"] += 1
             return await self._verified(key, lambda: unpack_written(header, buf, lengths), sum(lengths))
         if kind == b"DROP" and len(frames) == 2:
