@@ -35,6 +35,10 @@ def _common(p: argparse.ArgumentParser, served: bool = True) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"))
+    p.add_argument("--cpus", default=None, help="pin this worker to these CPU ids (e.g. 0,1 or 0-3); "
+                                                "torch then runs one thread per pinned CPU")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per --cpus "
+                                                            "CPU, else torch's default)")
 
 
 def _transport(p: argparse.ArgumentParser) -> None:
@@ -61,7 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     _transport(enc)
     enc.add_argument("--cache-mb", type=float, default=256.0, help="embedding cache size")
     enc.add_argument("--max-batch-size", type=int, default=32, help="images per vision-tower batch")
-    enc.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
+    enc.add_argument("--batch-wait-ms", type=float, default=0.0,
+                     help="how long an idle encoder waits for more requests to batch (requests that queue "
+                          "during a pass always share the next one)")
     enc.add_argument("--register-urls", nargs="+", default=[], help="prefill encoder-bootstrap URLs to join")
 
     pre = roles.add_parser("prefill", help="prefill worker (calls the encoders, hands KV to the decode)")
@@ -138,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s")
     problem = preflight(args)
+    if problem is None:
+        from epdctl.runtime.placement import apply as place
+        problem = place(args.cpus, args.threads)
     if problem is None:
         from epdctl.runtime.errors import RuntimeWorkerError
         try:

@@ -38,7 +38,7 @@ MANAGED = {
              "--master-addr", "--master-port", "--headless", "--kv-transfer-config", "--ec-transfer-config",
              "--mm-encoder-only", "--api-key"),
     "embedded": ("--model-path", "--host", "--port", "--served-model-name", "--transport", "--bootstrap-port",
-                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls", "--transfer-port"),
+                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls", "--transfer-port", "--cpus"),
 }
 
 
@@ -83,6 +83,9 @@ def _shared_nodes(topo: Topology) -> Iterator[tuple[str, str]]:
 def _parallelism(topo: Topology) -> Iterator[tuple[str, str]]:
     for w in topo.workers:
         s = w.settings
+        if s.cpus is not None and topo.engine != "embedded":
+            yield w.path, (f"cpus: pins embedded runtime workers to CPU cores; {topo.engine} workers are placed "
+                           "on GPUs (gpus/base_gpu_id) — drop cpus")
         if topo.engine == "embedded" and (s.tp, s.pp, s.dp, s.attention_dp) != (1, 1, 1, 1):
             yield w.path, "the embedded engine runs one CPU process per worker: tp, pp, dp and attention_dp must be 1"
             continue

@@ -58,6 +58,7 @@ class Settings:
     nics: tuple[str, ...] | None = None
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    cpus: tuple[int, ...] | None = None  # embedded runtime: the CPU ids the worker pins itself to
 
     @property
     def gpus(self) -> int:

@@ -24,6 +24,8 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         nics = [n.name for n in ctx.transfer_nics()]
         if transport == "mooncake" and nics and w.role in (Role.ENCODER, Role.PREFILL):
             argv += ["--ib-device", ",".join(nics)]
+    if w.settings.cpus is not None:
+        argv += ["--cpus", ",".join(map(str, w.settings.cpus))]
     if w.settings.max_running_requests is not None and w.role is not Role.ENCODER:
         argv += ["--max-running-requests", str(w.settings.max_running_requests)]
     argv += list(w.settings.args)

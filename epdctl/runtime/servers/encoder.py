@@ -63,7 +63,11 @@ class EncodeBatcher:
         while True:
             jobs = [await self.queue.get()]
             n = len(jobs[0].images)
-            deadline = time.monotonic() + self.wait_s
+            while n < self.max_batch_images and not self.queue.empty():  # whatever queued during the last pass
+                job = self.queue.get_nowait()
+                jobs.append(job)
+                n += len(job.images)
+            deadline = time.monotonic() + self.wait_s  # 0 (default): an idle encoder starts at once
             while n < self.max_batch_images:
                 left = deadline - time.monotonic()
                 if left <= 0:
