@@ -250,3 +250,16 @@ def test_pack_into_equals_pack_then_fill_for_chunked_and_odd_sizes():
     meta, got = unpack_written(frames[0], torch.from_numpy(b), lengths)
     assert meta == {"m": 2}
     assert_same(tensors, got)
+
+
+def test_send_buffers_are_reused_by_size():
+    from epdctl.runtime.transports.shm import BufferPool
+
+    pool = BufferPool(max_idle_bytes=8 << 20)
+    a, b = pool.take(3 << 20), pool.take(100)
+    pool.give(a)
+    pool.give(b)
+    assert pool.take(100) is b and pool.take(3 << 20) is a  # each size gets its own buffer back
+    assert pool.take(5 << 20) is not a
+    pool.give(pool.take(9 << 20))  # over the idle bound: not kept
+    assert not pool._idle

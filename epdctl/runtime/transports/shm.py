@@ -123,6 +123,27 @@ class SegmentPool:
             seg.release()
 
 
+class BufferPool:
+    """Reusable private send buffers (the socket path's staging), so a large message costs no page
+    faults the second time. A buffer is taken for one send and given back only once the peer
+    acknowledged it (every byte left the process); one lost in a failed send is simply dropped."""
+
+    def __init__(self, max_idle_bytes: int = 256 << 20):
+        self.max_idle_bytes = max_idle_bytes
+        self._idle: list[np.ndarray] = []
+
+    def take(self, nbytes: int) -> np.ndarray:
+        fits = [i for i, b in enumerate(self._idle) if nbytes <= b.nbytes <= max(2 * nbytes, nbytes + _ROUND)]
+        if fits:
+            return self._idle.pop(min(fits, key=lambda i: self._idle[i].nbytes))
+        return np.empty(max(_ROUND, -(-nbytes // _ROUND) * _ROUND) if nbytes > 64 * 1024 else max(nbytes, 1),
+                        dtype=np.uint8)
+
+    def give(self, buf: np.ndarray) -> None:
+        if sum(b.nbytes for b in self._idle) + buf.nbytes <= self.max_idle_bytes:
+            self._idle.append(buf)
+
+
 class SenderMaps:
     """Sender side: name -> mapping of the receivers' segments, least recently used unmapped first."""
 
