@@ -263,3 +263,23 @@ def test_send_buffers_are_reused_by_size():
     assert pool.take(5 << 20) is not a
     pool.give(pool.take(9 << 20))  # over the idle bound: not kept
     assert not pool._idle
+
+
+def test_segments_of_a_killed_receiver_are_swept_by_the_next_one():
+    import os
+    import subprocess
+    import sys
+
+    from epdctl.runtime.transports import shm
+
+    code = ("import os, sys; from epdctl.runtime.transports.shm import SegmentPool; p = SegmentPool(); "
+            "s = p.lease(10); print(s.name, flush=True); os._exit(0)")  # dies without closing the pool
+    name = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert os.path.exists(os.path.join(shm.SHM_DIR, name))
+    mine = shm.SegmentPool()  # a new receiver on this host cleans up after the dead one
+    try:
+        assert not os.path.exists(os.path.join(shm.SHM_DIR, name))
+        seg = mine.lease(10)
+        assert shm.sweep_dead() == 0 and os.path.exists(os.path.join(shm.SHM_DIR, seg.name))  # alive: kept
+    finally:
+        mine.close()

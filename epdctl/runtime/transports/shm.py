@@ -9,12 +9,15 @@ carrying the bytes. A sender that cannot open the lent file is on another host (
 /dev/shm namespace): it returns the lease and sends inline; that answer is remembered per peer.
 
 Segments are created with ``posix_fallocate`` so a full /dev/shm is an error at lease time
-(answered "NOSHM": the sender falls back to the socket), never a SIGBUS while writing.
+(answered without a segment: the sender falls back to the socket), never a SIGBUS while writing.
+A pool's files are ``epd-<id>.lock`` (flocked while the pool lives) and ``epd-<id>-<n>``; a new
+pool sweeps those of dead pools (``sweep_dead``), so a killed receiver leaks nothing for long.
 """
 
 from __future__ import annotations
 
 import collections
+import fcntl
 import logging
 import mmap
 import os
@@ -36,6 +39,37 @@ _MAPS_PER_SENDER = 32
 
 def available() -> bool:
     return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
+
+
+def sweep_dead() -> int:
+    """Unlink segments left by receivers that died without closing (SIGKILL). Every pool holds an
+    exclusive flock on its ``<prefix>.lock`` file while it lives and the kernel drops it when the
+    process dies (whatever its pid namespace), so a lock we can take marks a dead owner."""
+    removed = 0
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    for lock_name in (n for n in names if n.startswith("epd-") and n.endswith(".lock")):
+        prefix = lock_name[:-len(".lock")]
+        try:
+            fd = os.open(os.path.join(SHM_DIR, lock_name), os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # its owner is alive
+        finally:
+            os.close(fd)
+        for name in names:
+            if name.startswith(prefix + "-") or name == lock_name:
+                try:
+                    os.unlink(os.path.join(SHM_DIR, name))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
 
 
 @dataclass(eq=False)
@@ -60,7 +94,11 @@ class SegmentPool:
     """Receiver side: lend segments, take them back when the tensors viewing them are gone."""
 
     def __init__(self, max_idle_bytes: int = MAX_IDLE_BYTES):
-        self.prefix = f"epd-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        sweep_dead()
+        self.prefix = f"epd-{uuid.uuid4().hex[:12]}"
+        self._lock_fd = os.open(os.path.join(SHM_DIR, self.prefix + ".lock"), os.O_RDWR | os.O_CREAT | os.O_EXCL,
+                                0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         self.max_idle_bytes = max_idle_bytes
         self._idle: list[Segment] = []
         self._all: set[Segment] = set()
@@ -121,6 +159,13 @@ class SegmentPool:
             segs, self._all, self._idle = list(self._all), set(), []
         for seg in segs:
             seg.release()
+        if self._lock_fd >= 0:
+            try:
+                os.unlink(os.path.join(SHM_DIR, self.prefix + ".lock"))
+            except OSError:
+                pass
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
 
 class BufferPool:

@@ -50,8 +50,13 @@ class ZmqTransport(Endpoint):
         super().__init__(bind, timeout)
         self._ipc_path: str | None = None
         self.use_shm = use_shm and shm.available()
+        self._pool: shm.SegmentPool | None = None
+        if self.use_shm:
+            try:
+                self._pool = shm.SegmentPool()
+            except OSError:  # /dev/shm not writable after all: sockets only
+                self.use_shm = False
         self.shm_min_bytes = SHM_MIN_BYTES
-        self._pool = shm.SegmentPool()
         self._staging = shm.BufferPool()
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
@@ -162,15 +167,15 @@ class ZmqTransport(Endpoint):
         return [b"ERR", b"unknown message"]
 
     def _lease(self, key: str, header: bytes) -> list[bytes]:
-        if not self.use_shm:
-            return [b"OK"]
+        if self._pool is None:
+            return [b"OK"]  # no shared memory to lend: the sender uses the socket
         try:
             total = layout(parse_header(header)["tensors"])[1]
             seg = self._pool.lease(total)
         except (TransferError, KeyError, ValueError, TypeError):
-            return [b"OK"]  # let the inline copy bring the same header and fail loudly there
+            return [b"OK"]  # let the socket copy bring the same header and fail loudly there
         except OSError:
-            return [b"OK"]  # /dev/shm full or unusable: inline
+            return [b"OK"]  # /dev/shm full or unusable: the socket
         xid = uuid.uuid4().hex
         self._leases[xid] = (time.monotonic(), key, header, seg)
         return [b"OK", seg.name.encode(), xid.encode()]
@@ -197,6 +202,7 @@ class ZmqTransport(Endpoint):
         for _, _, _, seg in self._leases.values():
             seg.release()
         self._leases.clear()
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)
