@@ -53,3 +53,23 @@ def test_explicit_transfer_port_collision_is_reported_with_its_path() -> None:
 def test_a_range_too_small_for_the_transfer_ports_is_an_error() -> None:
     with pytest.raises(TopologyError, match="ran out of ports"):
         build_plan(_topo(LOCAL.replace("limit: 31099", "limit: 31009")))
+
+
+def test_runtime_refuses_a_busy_transfer_port_at_once() -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s, socket.socket() as free:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        free.bind(("127.0.0.1", 0))
+        busy, http = s.getsockname()[1], free.getsockname()[1]
+        free.close()
+        out = subprocess.run([sys.executable, "-m", "epdctl.runtime", "decode", "--model-path",
+                              str(ROOT / "models" / "tiny-qwen2vl"), "--port", str(http), "--transfer-port", str(busy)],
+                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"epdctl.runtime decode: error: cannot listen on 127.0.0.1:{busy}")
+    assert "Traceback" not in out.stderr

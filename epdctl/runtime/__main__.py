@@ -99,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ports(args: argparse.Namespace) -> list[int]:
     return [p for p in (args.port, getattr(args, "bootstrap_port", None),
-                        getattr(args, "encoder_bootstrap_port", None)) if p is not None]
+                        getattr(args, "encoder_bootstrap_port", None), getattr(args, "transfer_port", None) or None)
+            if p is not None]
 
 
 def preflight(args: argparse.Namespace) -> str | None:
@@ -111,7 +112,7 @@ def preflight(args: argparse.Namespace) -> str | None:
         return f"--model-path {args.model_path}: no config.json (expected a Hugging Face checkpoint folder)"
     ports = _ports(args)
     if len(set(ports)) != len(ports):
-        return f"ports {ports}: --port, --bootstrap-port and --encoder-bootstrap-port must differ"
+        return f"ports {ports}: --port, --bootstrap-port, --encoder-bootstrap-port and --transfer-port must differ"
     for port in ports:
         if not 1 <= port <= 65535:
             return f"port {port}: must be between 1 and 65535"
