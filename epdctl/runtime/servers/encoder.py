@@ -64,7 +64,11 @@ class EncodeBatcher:
         while True:
             jobs = [await self.queue.get()]
             n = len(jobs[0].images)
-            deadline = time.monotonic() + self.wait_s
+            while n < self.max_batch_images and not self.queue.empty():  # whatever queued during the last pass
+                job = self.queue.get_nowait()
+                jobs.append(job)
+                n += len(job.images)
+            deadline = time.monotonic() + self.wait_s  # 0 (default): an idle encoder starts at once
             while n < self.max_batch_images:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -249,7 +253,7 @@ async def build_encoder(args: Any, bundle: Any) -> Served:
     from epdctl.runtime.transports import open_transport
 
     encoder = VisionEncoder(bundle, cache_mb=args.cache_mb)
-    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
     await transport.start()
     server = EncoderServer(args, encoder, transport, wire)
     return Served("encoder", server, server.app(), [], server.on_ready, server.on_stop, server.on_drain,
