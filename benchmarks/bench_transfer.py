@@ -1,10 +1,13 @@
-"""Hand-off throughput of the runtime's transports vs a plain memory copy of the same bytes.
+"""Hand-off throughput of the runtime's transports beside raw pyzmq, iperf3 and a memcpy.
 
-Measured, not asserted. One run: a receiver process opens ZMQ tcp, ZMQ ipc and Mooncake (TCP)
-endpoints; this process sends embedding-sized and KV-sized payloads to each and times ``send()``
-(pack + CRC32, transfer, receiver's size/CRC check and copy into fresh tensors, acknowledgement).
-Baselines: a plain memory copy of the same tensors (into preallocated tensors), and the wire format alone (pack + unpack,
-no socket). Prints a table and writes benchmarks/results/transfer.json.
+Measured, not asserted. One run: a receiver process opens the runtime's endpoints (ZMQ over tcp
+and ipc with shared memory off, ZMQ with the automatic same-host shared-memory path, Mooncake
+TCP) and a raw pyzmq ROUTER; this process sends embedding-sized and KV-sized payloads to each
+and times ``send()`` (pack + checksum, transfer, the receiver's size/checksum check, its
+acknowledgement). Baselines side by side: raw pyzmq (the payload as one buffer, copy=False, one
+ack, no checksum), iperf3 over loopback (if installed), a plain memcpy of the same tensors into
+preallocated ones (numpy, one thread), and the wire format alone (pack + unpack, no socket). First it prints the
+checksum candidates' speed on 16 MiB. Writes benchmarks/results/transfer.json.
 
     .venv/bin/python benchmarks/bench_transfer.py [--quick]
 """
@@ -19,10 +22,16 @@ import platform
 import statistics
 import subprocess
 import sys
+import shutil
+import threading
 import time
+import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
+import xxhash
+import zmq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -30,8 +39,10 @@ sys.path.insert(0, str(ROOT))
 from epdctl.runtime.transports import open_transport  # noqa: E402
 from epdctl.runtime.wire import pack, unpack  # noqa: E402
 
-KINDS = ["zmq", "zmq-ipc", "mooncake"]
-PORTS = {"zmq": 33400, "zmq-ipc": 0, "mooncake": 33401}
+# channel -> (transport kind, shared memory allowed, receiver port)
+CHANNELS = {"zmq-tcp": ("zmq", False, 33400), "zmq-ipc": ("zmq-ipc", False, 0), "zmq-shm": ("zmq", True, 33402),
+            "mooncake": ("mooncake", False, 33401)}
+RAW_PORT, IPERF_PORT = 33403, 33404
 MiB = 2**20
 
 
@@ -63,7 +74,8 @@ def payloads(quick: bool) -> list[tuple[str, dict[str, torch.Tensor], int]]:
         ("embeds: tiny model, 8 images x 16 tok", embed_payload(8, 16, tiny_hidden(), torch.float32), 30),
         ("embeds: Qwen2-VL-2B, 8 images x 256 tok bf16", embed_payload(8, 256, 1536, torch.bfloat16), 10),
         ("KV 1 MiB", kv_payload(1), 10),
-        ("KV 16 MiB", kv_payload(16), 5),
+        ("KV 16 MiB", kv_payload(16), 8),
+        ("KV 64 MiB", kv_payload(64), 4),
     ]
     if not quick:
         items.append(("KV 256 MiB", kv_payload(256), 3))
@@ -84,66 +96,141 @@ def best_and_median(fn, reps: int) -> tuple[float, float]:
     return min(times), statistics.median(times)
 
 
+def checksums() -> dict[str, float]:
+    """GB/s of each checksum candidate (and a memcpy) over 16 MiB."""
+    buf = np.random.default_rng(0).integers(0, 255, 16 * MiB, dtype=np.uint8)
+    mv, dst = memoryview(buf), np.empty_like(buf)
+    cands = {"memcpy": lambda: np.copyto(dst, buf), "zlib.crc32": lambda: zlib.crc32(mv),
+             "xxh3_64 (xxhash)": lambda: xxhash.xxh3_64_intdigest(mv)}
+    try:
+        import crc32c
+        cands["crc32c (hardware CRC32C)"] = lambda: crc32c.crc32c(mv)
+    except ImportError:
+        pass
+    try:
+        import google_crc32c
+        frozen = bytes(mv)  # its C API takes read-only bytes only
+        cands["google-crc32c"] = lambda: google_crc32c.value(frozen)
+    except ImportError:
+        pass
+    return {name: buf.nbytes / best_and_median(fn, 10)[0] / 1e9 for name, fn in cands.items()}
+
+
+def iperf3() -> float | None:
+    """Loopback TCP GB/s measured by iperf3 (None if it is not installed)."""
+    exe = shutil.which("iperf3")
+    if exe is None:
+        return None
+    server = subprocess.Popen([exe, "-s", "-1", "-p", str(IPERF_PORT), "-B", "127.0.0.1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(50):
+            out = subprocess.run([exe, "-c", "127.0.0.1", "-p", str(IPERF_PORT), "-t", "2", "-J"],
+                                 capture_output=True, text=True)
+            try:
+                return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
+            except (ValueError, KeyError):  # the server was not listening yet
+                time.sleep(0.2)
+        return None
+    finally:
+        server.kill()
+        server.wait()
+
+
+def raw_server(stop: threading.Event) -> None:
+    """A bare pyzmq ROUTER: take each multipart message (copy=False) and answer one frame."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(f"tcp://127.0.0.1:{RAW_PORT}")
+    while not stop.is_set():
+        if sock.poll(200):
+            msg = sock.recv_multipart(copy=False)
+            sock.send_multipart([msg[0], b"OK"])
+    sock.close(linger=0)
+    ctx.term()
+
+
 async def receiver(expected: dict[str, int]) -> None:
-    """Receive ``expected[kind]`` messages (keys kind-0, kind-1, ...) on each transport, then exit."""
-    ts = {k: open_transport(k, "127.0.0.1", port=PORTS[k], timeout=120) for k in KINDS}
+    """Receive ``expected[channel]`` messages (keys channel-0, ...) on each channel, then exit."""
+    stop = threading.Event()
+    raw = threading.Thread(target=raw_server, args=(stop,), daemon=True)
+    raw.start()
+    ts = {c: open_transport(k, "127.0.0.1", port=port, timeout=120, shm=shm) for c, (k, shm, port) in CHANNELS.items()}
     for t in ts.values():
         await t.start()
-    print(json.dumps({k: t.address for k, t in ts.items()}), flush=True)
+    print(json.dumps({c: t.address for c, t in ts.items()}), flush=True)
 
-    async def drain(kind: str) -> None:
-        for i in range(expected[kind]):
-            await ts[kind].recv(f"{kind}-{i}", 600)
+    async def drain(channel: str) -> None:
+        for i in range(expected[channel]):
+            await ts[channel].recv(f"{channel}-{i}", 600)
 
-    await asyncio.gather(*(drain(k) for k in KINDS))
+    await asyncio.gather(*(drain(c) for c in CHANNELS))
     for t in ts.values():
         await t.close()
+    stop.set()
+    raw.join()
+
+
+def raw_send(sock: zmq.Socket, frames: list) -> None:
+    sock.send_multipart(frames, copy=False)
+    sock.recv()
 
 
 async def measure(addresses: dict[str, str], items, counters: dict[str, int]) -> list[dict]:
-    senders = {k: open_transport(k, "127.0.0.1", timeout=120) for k in KINDS}
+    senders = {c: open_transport(k, "127.0.0.1", timeout=120, shm=shm) for c, (k, shm, _) in CHANNELS.items()}
     for t in senders.values():
         await t.start()
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.DEALER)
+    raw.connect(f"tcp://127.0.0.1:{RAW_PORT}")
     rows = []
     try:
         for label, tensors, reps in items:
             size = nbytes(tensors)
             row = {"payload": label, "bytes": size, "tensors": len(tensors), "reps": reps}
-            dst = {k: torch.empty_like(t) for k, t in tensors.items()}
+            src = [t.contiguous().view(-1).view(torch.uint8).numpy() for t in tensors.values()]
+            dst = [np.empty_like(a) for a in src]  # numpy: one thread, like our copies (torch's may spin OpenMP)
             row["memcpy_s"], row["memcpy_median_s"] = best_and_median(
-                lambda: [dst[k].copy_(t) for k, t in tensors.items()], reps)
+                lambda: [np.copyto(d, a) for d, a in zip(dst, src)], reps)
             row["wire_s"], row["wire_median_s"] = best_and_median(lambda: unpack(pack({}, tensors)), reps)
-            for kind in KINDS:
+            whole = np.concatenate(src)  # raw pyzmq's best case: the payload already in one buffer
+            row["raw-zmq_s"], row["raw-zmq_median_s"] = best_and_median(lambda: raw_send(raw, [whole]), reps)
+            for channel in CHANNELS:
                 times = []
                 for _ in range(reps + 1):
-                    key = f"{kind}-{counters[kind]}"
-                    counters[kind] += 1
+                    key = f"{channel}-{counters[channel]}"
+                    counters[channel] += 1
                     t0 = time.perf_counter()
-                    await senders[kind].send(addresses[kind], key, {}, tensors)
+                    await senders[channel].send(addresses[channel], key, {}, tensors)
                     times.append(time.perf_counter() - t0)
-                row[f"{kind}_s"], row[f"{kind}_median_s"] = min(times[1:]), statistics.median(times[1:])
+                row[f"{channel}_s"], row[f"{channel}_median_s"] = min(times[1:]), statistics.median(times[1:])
+            row["shm_used"] = senders["zmq-shm"].stats.get("shm_sent", 0) > 0
             rows.append(row)
             print_row(row, header=len(rows) == 1)
     finally:
+        raw.close(linger=0)
+        ctx.term()
         for t in senders.values():
             await t.close()
     return rows
 
 
-COLS = ["memcpy", "wire"] + KINDS
+COLS = ["memcpy", "wire", "raw-zmq"] + list(CHANNELS)
 
 
 def print_row(row: dict, header: bool) -> None:
     if header:
-        print(f"{'payload':46} {'MiB':>8} " + " ".join(f"{c:>22}" for c in COLS))
-    cells = []
-    for c in COLS:
-        s = row[f"{c}_s"]
-        gbs = row["bytes"] / s / 1e9
-        ratio = s / row["memcpy_s"]
-        cells.append(f"{s * 1e3:8.2f}ms {gbs:5.2f}GB/s x{ratio:4.1f}" if c != "memcpy" else
-                     f"{s * 1e3:8.2f}ms {gbs:5.2f}GB/s     ")
-    print(f"{row['payload']:46} {row['bytes'] / MiB:8.2f} " + " ".join(f"{c:>22}" for c in cells), flush=True)
+        print(f"{'payload':44} {'MiB':>7} " + " ".join(f"{c:>16}" for c in COLS))
+    cells = [f"{row['bytes'] / row[f'{c}_s'] / 1e9:6.2f} GB/s" for c in COLS]
+    print(f"{row['payload']:44} {row['bytes'] / MiB:7.2f} " + " ".join(f"{c:>16}" for c in cells), flush=True)
+
+
+def print_ratios(rows: list[dict]) -> None:
+    print("\nratios (time of the reference / time of ours; 1.00 = as fast):")
+    print(f"{'payload':44} {'zmq-tcp/raw-zmq':>16} {'zmq-ipc/raw-zmq':>16} {'zmq-shm/memcpy':>16}")
+    for r in rows:
+        print(f"{r['payload']:44} {r['raw-zmq_s'] / r['zmq-tcp_s']:16.2f} {r['raw-zmq_s'] / r['zmq-ipc_s']:16.2f} "
+              f"{r['memcpy_s'] / r['zmq-shm_s']:16.2f}")
 
 
 def main() -> None:
@@ -155,28 +242,34 @@ def main() -> None:
     if args.receiver:
         asyncio.run(receiver(json.loads(args.receiver)))
         return
+    sums = checksums()
+    print("checksums over 16 MiB: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in sums.items()))
+    loop = iperf3()
+    print(f"iperf3 loopback TCP: {loop:.2f} GB/s" if loop else "iperf3: not installed (apt-get install iperf3)")
     items = payloads(args.quick)
-    expected = {k: sum(reps + 1 for _, _, reps in items) for k in KINDS}
+    expected = {c: sum(reps + 1 for _, _, reps in items) for c in CHANNELS}
     env = dict(os.environ, GLOG_minloglevel="2")
     proc = subprocess.Popen([sys.executable, __file__, "--receiver", json.dumps(expected)],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
         addresses = json.loads(proc.stdout.readline())
-        counters = {k: 0 for k in KINDS}
+        counters = {c: 0 for c in CHANNELS}
         rows = asyncio.run(measure(addresses, items, counters))
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    print("\ntimes: best of the repetitions (the host is shared; medians are in the JSON);")
-    print("GB/s = payload bytes / time; xN = time / plain memcpy time.")
-    print("wire = pack + CRC32 + unpack (CRC check + copy) in one process, no socket.")
+    print_ratios(rows)
+    print("\ntimes: best of the repetitions (the host is shared; medians are in the JSON); GB/s = payload / time.")
+    print("raw-zmq = bare pyzmq DEALER->ROUTER, the payload as one buffer, copy=False, one-frame ack, no checksum.")
+    print("wire = pack + checksum + unpack (checksum check, zero-copy views) in one process, no socket.")
+    print("zmq-tcp / zmq-ipc: the runtime's transport with shared memory off; zmq-shm: same-host path.")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
                                "load_avg_1m": os.getloadavg()[0], "time_is": "best of reps (+ *_median_s)",
-                               "rows": rows}, indent=2) + "\n")
+                               "checksums_gbs": sums, "iperf3_gbs": loop, "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")
 
 

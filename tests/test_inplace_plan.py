@@ -68,7 +68,7 @@ def test_embedded_workers_start_switchable_and_the_runtime_parser_accepts_it() -
     assert all("--switchable" not in w.argv for w in build_plan(embedded("false")).workers)
 
 
-def test_embedded_moves_are_in_place_and_keep_the_port() -> None:
+def test_embedded_moves_are_in_place_and_keep_the_ports() -> None:
     rp = plan_rebalance(embedded(), {"encoder": 1}, source="decode")
     (m,) = rp.moves
     assert (m.worker, m.new_name, m.path) == ("decode-1", "encoder-1", "in-place")
@@ -76,6 +76,8 @@ def test_embedded_moves_are_in_place_and_keep_the_port() -> None:
     old = next(w for w in rp.plan_before.workers if w.name == "decode-1")
     new = next(w for w in rp.plan_after.workers if w.name == "encoder-1")
     assert new.port == old.port and "--switchable" in new.argv
+    tp = "--transfer-port"                           # the switched worker re-binds its transfer endpoint
+    assert new.argv[new.argv.index(tp) + 1] == old.argv[old.argv.index(tp) + 1]
     assert Move.from_dict(m.to_dict()) == m          # recorded in history with its path
 
 

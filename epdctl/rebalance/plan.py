@@ -94,7 +94,8 @@ def pin_ports(topo: Topology) -> Topology:
         p = ports.workers[(w.name, 0)]
         workers.append(dataclasses.replace(
             w, port=p["http"], bootstrap_port=p.get("bootstrap"),
-            encoder_bootstrap_port=p.get("encoder_bootstrap"), dist_init_port=p.get("dist_init")))
+            encoder_bootstrap_port=p.get("encoder_bootstrap"), dist_init_port=p.get("dist_init"),
+            transfer_port=p.get("transfer")))
     router = topo.router
     if router is not None and ports.router:
         router = dataclasses.replace(router, port=ports.router["http"],
@@ -132,6 +133,7 @@ def _moved_worker(topo: Topology, src: Worker, role: Role) -> Worker:
     return Worker(role=role, index=index, nodes=src.nodes, settings=tpl.settings,
                   path=f"roles.{role.value} (rebalanced from {src.name})",
                   base_gpu_ids=src.base_gpu_ids, gpu_ids=src.gpu_ids, port=src.port, bootstrap_port=keep,
+                  transfer_port=src.transfer_port,
                   dist_init_port=src.dist_init_port if len(src.nodes) > 1 else None)
 
 

@@ -35,6 +35,10 @@ def _common(p: argparse.ArgumentParser, served: bool = True) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"))
+    p.add_argument("--cpus", default=None, help="pin this worker to these CPU ids (e.g. 0,1 or 0-3); "
+                                                "torch then runs one thread per pinned CPU")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per --cpus "
+                                                            "CPU, else torch's default)")
 
 
 def _switchable(p: argparse.ArgumentParser) -> None:
@@ -45,6 +49,9 @@ def _switchable(p: argparse.ArgumentParser) -> None:
 def _transport(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=["zmq", "zmq-ipc", "mooncake"], default="zmq")
     p.add_argument("--ib-device", default=None, help="RDMA device for --transport mooncake")
+    p.add_argument("--transfer-port", type=int, default=0,
+                   help="port of this worker's transfer endpoint (0: any free port; epdctl renders one from the "
+                        "topology's port range)")
 
 
 def _api_key(p: argparse.ArgumentParser) -> None:
@@ -63,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     _transport(enc)
     enc.add_argument("--cache-mb", type=float, default=256.0, help="embedding cache size")
     enc.add_argument("--max-batch-size", type=int, default=32, help="images per vision-tower batch")
-    enc.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long to gather concurrent requests")
+    enc.add_argument("--batch-wait-ms", type=float, default=0.0,
+                     help="how long an idle encoder waits for more requests to batch (requests that queue "
+                          "during a pass always share the next one)")
     enc.add_argument("--register-urls", nargs="+", default=[], help="prefill encoder-bootstrap URLs to join")
     add_limit_flags(enc, images=False)
     _api_key(enc)
@@ -103,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _ports(args: argparse.Namespace) -> list[int]:
     return [p for p in (args.port, getattr(args, "bootstrap_port", None),
-                        getattr(args, "encoder_bootstrap_port", None)) if p is not None]
+                        getattr(args, "encoder_bootstrap_port", None), getattr(args, "transfer_port", None) or None)
+            if p is not None]
 
 
 def preflight(args: argparse.Namespace) -> str | None:
@@ -115,7 +125,7 @@ def preflight(args: argparse.Namespace) -> str | None:
         return f"--model-path {args.model_path}: no config.json (expected a Hugging Face checkpoint folder)"
     ports = _ports(args)
     if len(set(ports)) != len(ports):
-        return f"ports {ports}: --port, --bootstrap-port and --encoder-bootstrap-port must differ"
+        return f"ports {ports}: --port, --bootstrap-port, --encoder-bootstrap-port and --transfer-port must differ"
     for port in ports:
         if not 1 <= port <= 65535:
             return f"port {port}: must be between 1 and 65535"
@@ -151,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s")
     problem = preflight(args)
+    if problem is None:
+        from epdctl.runtime.placement import apply as place
+        problem = place(args.cpus, args.threads)
     if problem is None:
         from epdctl.runtime.errors import RuntimeWorkerError
         try:

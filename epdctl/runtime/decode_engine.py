@@ -1,10 +1,11 @@
 """Continuous-batching decode: every running sequence advances with ONE batched forward per step.
 
-Sequences of different lengths share a step through left padding: each sequence's KV is
-right-aligned in a [B, heads, L_max, dim] cache, padding columns are masked out and each row
-gets its own M-RoPE position (its cache length + its rope_delta), so a sequence's tokens do not
-depend on who it is batched with. Per-sequence KV lives in preallocated buffers sized for
-prompt + max_tokens, so a step copies but never reallocates.
+Each sequence's KV lives in a persistent slot (kv_slots.py): added once when it joins, extended
+by one column per step in place, so a step costs one forward over a view of the running slots,
+never a rebuild of a padded batch. Rows of different lengths share the step under a mask that
+hides each row's unused columns, and each row gets its own M-RoPE position (its length + its
+rope_delta), so a sequence's tokens do not depend on who it is batched with. A new sequence
+joins the running batch at the next step. Greedy rows are sampled with one batched argmax.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import logging
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from .errors import RuntimeWorkerError
+from .kv_slots import KVSlots, SlotCache
 from .model import ModelBundle
 from .prefill_engine import PrefillResult
 from .sampling import SamplingParams, sample, token_generator
@@ -27,13 +28,11 @@ log = logging.getLogger(__name__)
 class _Seq:
     seq_id: str
     params: SamplingParams
-    keys: list[torch.Tensor]      # per layer [heads, capacity, dim]
-    values: list[torch.Tensor]
-    length: int                   # tokens held in the KV buffers
+    stops: frozenset[int]
     rope_delta: int
     last_token: int
+    slot: int = -1                # -1 until its first token was emitted and it joined the batch
     generated: int = 1            # the prefill's first token counts
-    fresh: bool = True            # first token not yet emitted
     logits: list[torch.Tensor] = field(default_factory=list)
 
 
@@ -50,6 +49,12 @@ class DecodeEngine:
         self.keep_logits = keep_logits
         self._finished_logits: dict[str, list[torch.Tensor]] = {}
         self._seqs: dict[str, _Seq] = {}
+        self._fresh: dict[str, tuple[_Seq, PrefillResult]] = {}
+        tc = self.text_config
+        head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+        self.slots = KVSlots(tc.num_hidden_layers, tc.num_key_value_heads, head_dim, bundle.dtype)
+        self._by_slot: list[_Seq] = []
+        self.attn = getattr(tc, "_attn_implementation", None) or "sdpa"
         self.steps = 0
         self.forward_passes = 0
 
@@ -58,7 +63,8 @@ class DecodeEngine:
         return len(self._seqs)
 
     def add(self, seq_id: str, result: PrefillResult, params: SamplingParams) -> None:
-        """Take over a sequence after prefill; its first token is emitted by the next ``step()``."""
+        """Take over a sequence after prefill; its first token is emitted by the next ``step()``,
+        and from the step after it decodes in the running batch."""
         if seq_id in self._seqs:
             raise RuntimeWorkerError(f"sequence {seq_id!r} is already running")
         if len(self._seqs) >= self.max_running:
@@ -66,48 +72,40 @@ class DecodeEngine:
         if len(result.kv) != self.text_config.num_hidden_layers:
             raise RuntimeWorkerError(f"KV has {len(result.kv)} layers, the model {self.text_config.num_hidden_layers}; "
                                      "prefill and decode must load the same checkpoint")
-        n = int(result.kv[0][0].shape[2])
-        cap = n + max(int(params.max_tokens), 1)
-        keys, values = [], []
-        for k, v in result.kv:
-            kb = torch.empty(k.shape[1], cap, k.shape[3], dtype=self.bundle.dtype)
-            vb = torch.empty(v.shape[1], cap, v.shape[3], dtype=self.bundle.dtype)
-            kb[:, :n] = k[0]
-            vb[:, :n] = v[0]
-            keys.append(kb)
-            values.append(vb)
-        seq = _Seq(seq_id, params, keys, values, n, int(result.rope_delta), int(result.first_token))
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.bundle.eos_token_ids))
+        seq = _Seq(seq_id, params, frozenset(stops), int(result.rope_delta), int(result.first_token))
         if self.keep_logits:
             seq.logits.append(result.first_logits.float().clone())
         self._seqs[seq_id] = seq
+        self._fresh[seq_id] = (seq, result)
 
     def abort(self, seq_id: str) -> None:
         """Stop a sequence and free its KV (unknown ids are ignored)."""
-        self._seqs.pop(seq_id, None)
+        seq = self._seqs.pop(seq_id, None)
+        self._fresh.pop(seq_id, None)
         self._finished_logits.pop(seq_id, None)
+        if seq is not None and seq.slot >= 0:
+            self._release(seq)
 
     def _finished(self, seq: _Seq, token: int) -> bool:
-        stops = set(seq.params.stop_token_ids)
-        if not seq.params.ignore_eos:
-            stops |= set(self.bundle.eos_token_ids)
-        return token in stops or seq.generated >= seq.params.max_tokens
+        return token in seq.stops or seq.generated >= seq.params.max_tokens
 
     def step(self) -> list[tuple[str, int, bool]]:
         """(seq_id, new_token, finished) for every running sequence; finished ones are freed."""
         self.steps += 1
         out: list[tuple[str, int, bool]] = []
-        active: list[_Seq] = []
-        for seq in list(self._seqs.values()):
-            if seq.fresh:
-                seq.fresh = False
-                done = self._finished(seq, seq.last_token)
-                out.append((seq.seq_id, seq.last_token, done))
-                if done:
-                    self._finish(seq)
+        batch = list(self._by_slot)
+        fresh, self._fresh = list(self._fresh.values()), {}
+        for seq, result in fresh:  # emit the prefill's token; then the sequence joins the batch
+            done = self._finished(seq, seq.last_token)
+            out.append((seq.seq_id, seq.last_token, done))
+            if done:
+                self._finish(seq)
             else:
-                active.append(seq)
-        if active:
-            for seq, token in zip(active, self._forward(active)):
+                seq.slot = self.slots.add(seq.seq_id, result.kv, seq.params.max_tokens)
+                self._by_slot.append(seq)
+        if batch:
+            for seq, token in zip(batch, self._forward(len(batch))):
                 seq.last_token = token
                 seq.generated += 1
                 done = self._finished(seq, token)
@@ -118,45 +116,44 @@ class DecodeEngine:
 
     def _finish(self, seq: _Seq) -> None:
         del self._seqs[seq.seq_id]
+        if seq.slot >= 0:
+            self._release(seq)
         if self.keep_logits:
             self._finished_logits[seq.seq_id] = seq.logits
+
+    def _release(self, seq: _Seq) -> None:
+        slot, seq.slot = seq.slot, -1
+        last = self._by_slot.pop()
+        self.slots.free(slot)
+        if last is not seq:
+            self._by_slot[slot] = last
+            last.slot = slot
 
     def pop_logits(self, seq_id: str) -> list[torch.Tensor]:
         """Logits of every token of a finished sequence (``keep_logits=True`` only; for exactness checks)."""
         return self._finished_logits.pop(seq_id, [])
 
     @torch.inference_mode()
-    def _forward(self, seqs: list[_Seq]) -> list[int]:
+    def _forward(self, n: int) -> list[int]:
+        """One batched step of the first ``n`` slots (the sequences in ``_by_slot``)."""
         self.forward_passes += 1
-        b = len(seqs)
-        lmax = max(s.length for s in seqs)
-        n_layers = len(seqs[0].keys)
-        heads, dim = seqs[0].keys[0].shape[0], seqs[0].keys[0].shape[2]
-        mask = torch.zeros(b, lmax + 1, dtype=torch.long)
-        data = []
-        for layer in range(n_layers):
-            kb = torch.zeros(b, heads, lmax, dim, dtype=self.bundle.dtype)
-            vb = torch.zeros(b, heads, lmax, dim, dtype=self.bundle.dtype)
-            for i, s in enumerate(seqs):
-                kb[i, :, lmax - s.length:] = s.keys[layer][:, :s.length]
-                vb[i, :, lmax - s.length:] = s.values[layer][:, :s.length]
-            data.append((kb, vb))
-        for i, s in enumerate(seqs):
-            mask[i, lmax - s.length:] = 1
-        cache = DynamicCache(ddp_cache_data=data, config=self.text_config)
+        seqs = self._by_slot[:n]
+        cache = SlotCache(self.slots, n)
         ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long)
-        pos = torch.tensor([s.length + s.rope_delta for s in seqs], dtype=torch.long).view(1, b, 1).expand(3, b, 1)
-        embeds = self.lm.embed_tokens(ids)
-        out = self.lm(inputs_embeds=embeds, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True)
+        pos = (cache.cols + torch.tensor([s.rope_delta for s in seqs], dtype=torch.long)).view(1, n, 1).expand(3, n, 1)
+        mask = {"full_attention": cache.mask(self.attn, self.bundle.dtype)}
+        out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
+                      use_cache=True)
         logits = self.lm_head(out.last_hidden_state[:, -1]).float()
-        for layer_idx, layer in enumerate(cache.layers):
-            for i, s in enumerate(seqs):
-                s.keys[layer_idx][:, s.length] = layer.keys[i, :, -1]
-                s.values[layer_idx][:, s.length] = layer.values[i, :, -1]
+        for i in range(n):
+            self.slots.lengths[i] += 1
+        greedy = torch.argmax(logits, dim=-1).tolist()
         tokens = []
         for i, s in enumerate(seqs):
-            s.length += 1
             if self.keep_logits:
                 s.logits.append(logits[i].clone())
-            tokens.append(sample(logits[i], s.params, token_generator(s.params, s.generated)))
+            if s.params.temperature <= 0:
+                tokens.append(greedy[i])
+            else:
+                tokens.append(sample(logits[i], s.params, token_generator(s.params, s.generated)))
         return tokens

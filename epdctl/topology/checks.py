@@ -39,7 +39,7 @@ MANAGED = {
              "--master-addr", "--master-port", "--headless", "--kv-transfer-config", "--ec-transfer-config",
              "--mm-encoder-only", "--api-key"),
     "embedded": ("--model-path", "--host", "--port", "--served-model-name", "--transport", "--bootstrap-port",
-                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls"),
+                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls", "--transfer-port", "--cpus"),
 }
 
 
@@ -87,6 +87,9 @@ def _parallelism(topo: Topology) -> Iterator[tuple[str, str]]:
         if s.module is not None and topo.engine != "sglang":
             yield w.path, (f"module ({s.module}) is for SGLang-compatible launchers such as dynamo.sglang; the "
                            f"{topo.engine} engine has its own command: drop module")
+        if s.cpus is not None and topo.engine != "embedded":
+            yield w.path, (f"cpus: pins embedded runtime workers to CPU cores; {topo.engine} workers are placed "
+                           "on GPUs (gpus/base_gpu_id) — drop cpus")
         if topo.engine == "embedded" and (s.tp, s.pp, s.dp, s.attention_dp) != (1, 1, 1, 1):
             yield w.path, "the embedded engine runs one CPU process per worker: tp, pp, dp and attention_dp must be 1"
             continue

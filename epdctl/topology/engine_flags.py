@@ -15,9 +15,10 @@ from importlib import resources
 
 # The embedded runtime's command line per role (docs/architecture.md, epdctl/runtime/__main__.py);
 # the control plane may not import the runtime, so it is mirrored here and a test keeps them equal.
-_COMMON = {"--model-path": None, "--host": None, "--port": None, "--log-level": None}
+_COMMON = {"--model-path": None, "--host": None, "--port": None, "--log-level": None, "--cpus": None,
+           "--threads": None}
 _SERVED = {"--served-model-name": None}
-_TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None}
+_TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None, "--transfer-port": None}
 _SWITCH = {"--switchable": 0}
 _PIXELS = {"--max-body-bytes": None, "--max-images-per-request": None, "--max-image-pixels": None,
            "--max-request-pixels": None}

@@ -62,6 +62,7 @@ class Settings:
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     args_src: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (YAML path of an args key, its tokens)
+    cpus: tuple[int, ...] | None = None  # embedded runtime: the CPU ids the worker pins itself to
 
     @property
     def gpus(self) -> int:
@@ -86,6 +87,7 @@ class Worker:
     base_gpu_id: int | None = None  # explicit first GPU on every node of the worker
     gpu_ids: tuple[int, ...] = ()  # explicit GPUs (CUDA_VISIBLE_DEVICES) on every node of the worker
     own_env: dict[str, str] = field(default_factory=dict)  # the worker's own env: beats node env
+    transfer_port: int | None = None  # embedded runtime: its E->P / P->D transfer endpoint
 
     @property
     def name(self) -> str:

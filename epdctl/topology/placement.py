@@ -157,7 +157,8 @@ def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath
     settings = merge_settings(defaults, role_layer, node_layers.get(names[0], {}),
                               read_settings(r, w, wpath, SETTING_KEYS))
     ports = {k: r.get(w, wpath, k, "int", minimum=1, maximum=65535)
-             for k in ("port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port")}
+             for k in ("port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port",
+                       "transfer_port")}
     worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports,
                     **_explicit_gpus(r, w, wpath, settings), own_env=r.env(w, wpath) if "env" in w else {})
     g = 0 if engine == "embedded" else settings.gpus

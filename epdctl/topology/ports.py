@@ -36,12 +36,17 @@ def _needs(topo: Topology, w: Worker, rank: int) -> list[tuple[str, int]]:
         out.append(("dist_init", SGLANG_DIST_INIT_BLOCK if topo.engine == "sglang" else 1))
     if topo.engine == "vllm" and w.role in (Role.PREFILL, Role.DECODE):
         out.append(("side_channel", w.settings.dp))  # NIXL adds dp_rank to the side-channel port
+    if topo.engine == "embedded" and w.role is not Role.COLOCATED:
+        out.append(("transfer", 1))  # the runtime's ZMQ (or Mooncake control) transfer endpoint
     return out
+
+
+LATE = ("transfer",)  # allocated after every other port, so adding them moved no existing port
 
 
 def _explicit(w: Worker, label: str) -> int | None:
     return {"http": w.port, "bootstrap": w.bootstrap_port, "encoder_bootstrap": w.encoder_bootstrap_port,
-            "dist_init": w.dist_init_port}.get(label)
+            "dist_init": w.dist_init_port, "transfer": w.transfer_port}.get(label)
 
 
 def plan_ports(topo: Topology) -> PortPlan:
@@ -101,13 +106,17 @@ def plan_ports(topo: Topology) -> PortPlan:
         cursor[node] = p + size
         return p
 
-    for key, node, label, size, path in wanted:
-        port = allocate(node, size, f"{key[0]} {label}", path)
-        if port is not None:
-            plan.workers[key][label] = port
+    def assign(items: list[tuple[tuple[str, int], str, str, int, str]]) -> None:
+        for key, node, label, size, path in items:
+            port = allocate(node, size, f"{key[0]} {label}", path)
+            if port is not None:
+                plan.workers[key][label] = port
+
+    assign([x for x in wanted if x[2] not in LATE])
     for label, _ in router_wanted:
         assert topo.router is not None
         port = allocate(topo.router.node, 1, f"router {label}", "router")
         if port is not None:
             plan.router[label] = port
+    assign([x for x in wanted if x[2] in LATE])
     return plan

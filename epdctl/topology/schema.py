@@ -23,7 +23,7 @@ MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code
 PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
 SETTING_KEYS = PARALLEL_KEYS + ("chunked_prefill_size", "page_size", "kv_cache_dtype", "moe_a2a_backend",
                                 "mem_fraction_static", "max_running_requests", "host", "nics", "module", "args",
-                                "env")
+                                "env", "cpus")
 NODE_SETTING_KEYS = tuple(k for k in SETTING_KEYS if k not in PARALLEL_KEYS)
 NODE_KEYS = ("name", "host", "gpus", "ssh", "nics", "env", "setup", "port_base", "shared", "defaults")
 SSH_KEYS = ("user", "port", "key", "jump")
@@ -31,7 +31,7 @@ NIC_KEYS = ("name", "kind", "ip", "speed_gbps")
 NIC_KINDS = ("ib", "roce", "eth")
 ROLE_KEYS = ("nodes", "count", "workers") + SETTING_KEYS
 WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port", "base_gpu_id",
-               "gpu_ids") + SETTING_KEYS
+               "gpu_ids", "transfer_port") + SETTING_KEYS
 TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path", "rdma")
 TRANSFER_RDMA = ("nics", "auto", "off")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -89,7 +89,24 @@ def read_settings(r: Reader, m: dict[str, Any], path: str, keys: tuple[str, ...]
         out["args_src"] = ((join(path, "args"), out["args"]),) if out["args"] else ()
     if "env" in m:
         out["env"] = r.env(m, path)
+    if "cpus" in keys and m.get("cpus") is not None:
+        out["cpus"] = read_cpus(r, m["cpus"], join(path, "cpus"))
     return {k: v for k, v in out.items() if v is not None}
+
+
+def read_cpus(r: Reader, value: Any, path: str) -> tuple[int, ...] | None:
+    """``cpus:`` (embedded runtime placement): a list of CPU ids or a Linux cpu list like "0-3,6"."""
+    items = value if isinstance(value, list) else str(value).split(",") if isinstance(value, (str, int)) else None
+    ids: list[int] = []
+    for item in items or [None]:
+        text = str(item).strip() if item is not None and not isinstance(item, bool) else ""
+        lo, _, hi = text.partition("-")
+        if not (lo.isdigit() and (hi.isdigit() or not hi)) or (hi and int(hi) < int(lo)):
+            r.problem(path, f"cpus: {value!r} is not a CPU list; write e.g. [0, 1] or \"0-3,6\" (CPU ids as "
+                            "`nproc`/`lscpu` number them)")
+            return None
+        ids.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(ids)))
 
 
 def merge_settings(*layers: dict[str, Any]) -> Settings:

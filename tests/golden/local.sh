@@ -10,14 +10,16 @@ python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host 127.0.0.1 \
     --port 31000 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 31008
 
 # encoder-1: encoder, http://127.0.0.1:31001
 python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host 127.0.0.1 \
     --port 31001 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 31009
 
 # prefill-0: prefill, http://127.0.0.1:31002
 python3 -m epdctl.runtime prefill \
@@ -28,7 +30,8 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 31003 \
     --encoder-bootstrap-port 31004 \
     --encoder-urls http://127.0.0.1:31000 http://127.0.0.1:31001 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 31010
 
 # decode-0: decode, http://127.0.0.1:31005
 python3 -m epdctl.runtime decode \
@@ -36,7 +39,8 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host 127.0.0.1 \
     --port 31005 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 31011
 
 # ===== node local =====
 

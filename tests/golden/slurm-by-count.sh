@@ -10,7 +10,8 @@ python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host encoder-n0.slurm \
     --port 37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37103
 
 # ===== node prefill-n0 =====
 
@@ -23,7 +24,8 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 37201 \
     --encoder-bootstrap-port 37202 \
     --encoder-urls http://encoder-n0.slurm:37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37203
 
 # ===== node prefill-n1 =====
 
@@ -36,7 +38,8 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 37301 \
     --encoder-bootstrap-port 37302 \
     --encoder-urls http://encoder-n0.slurm:37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37303
 
 # ===== node decode-n0 =====
 
@@ -46,7 +49,8 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host decode-n0.slurm \
     --port 37400 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37401
 
 # ===== node encoder-n0 =====
 

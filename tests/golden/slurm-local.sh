@@ -10,7 +10,8 @@ python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host n0.slurm \
     --port 37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37103
 
 # ===== node n1 =====
 
@@ -23,7 +24,8 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 37201 \
     --encoder-bootstrap-port 37202 \
     --encoder-urls http://n0.slurm:37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37203
 
 # ===== node n2 =====
 
@@ -33,7 +35,8 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host n2.slurm \
     --port 37300 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37301
 
 # ===== node n0 =====
 

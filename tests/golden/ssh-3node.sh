@@ -11,7 +11,8 @@ python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host 127.0.0.2 \
     --port 35100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 35103
 
 # ===== node node-b =====
 source ~/epdctl/.venv/bin/activate
@@ -25,7 +26,8 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 35101 \
     --encoder-bootstrap-port 35102 \
     --encoder-urls http://127.0.0.2:35100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 35103
 
 # ===== node node-c =====
 source ~/epdctl/.venv/bin/activate
@@ -36,7 +38,8 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host 127.0.0.4 \
     --port 35100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 35101
 
 # ===== node node-a =====
 

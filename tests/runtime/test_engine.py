@@ -188,3 +188,32 @@ def test_roles_drop_the_half_they_do_not_run(tiny_ckpt):
         DecodeEngine(enc)
     with pytest.raises(ValueError):
         VisionEncoder(dec)
+
+
+def test_kv_slots_stay_packed_and_grow_without_changing_tokens(bundle, images):
+    """Sequences finishing out of order move the last slot into the hole; growth keeps every KV."""
+    enc = VisionEncoder(bundle)
+    lengths = [3, 9, 5, 12, 7]
+    results = [prefill_request(bundle, enc, images[:1 + i % 3], "describe the image", SamplingParams(max_tokens=n))
+               for i, n in enumerate(lengths)]
+    engine = DecodeEngine(bundle)
+    from epdctl.runtime.kv_slots import KVSlots
+
+    old = engine.slots  # start tiny so adding five sequences grows both dimensions
+    engine.slots = KVSlots(len(old.keys), *old.shape, old.dtype, slots=1, capacity=1)
+    got: dict[str, list[int]] = {}
+    for i, (r, n) in enumerate(zip(results, lengths)):
+        engine.add(f"s{i}", r, SamplingParams(max_tokens=n, ignore_eos=True))
+        got[f"s{i}"] = []
+    engine.abort("s2")
+    del got["s2"]
+    while engine.num_running:
+        for sid, tok, _ in engine.step():
+            got[sid].append(tok)
+        assert engine.slots.owner == [s.seq_id for s in engine._by_slot]  # slots 0..n-1, no holes
+        assert all(s.slot == i for i, s in enumerate(engine._by_slot))
+    assert engine.slots.used == 0 and engine.slots.keys[0].shape[0] >= 4 and engine.slots.capacity >= 64
+    for i, n in enumerate(lengths):
+        if i != 2:
+            alone, _ = run_alone(bundle, results[i], SamplingParams(max_tokens=n, ignore_eos=True))
+            assert got[f"s{i}"] == alone and len(alone) == n

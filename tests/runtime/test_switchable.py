@@ -3,7 +3,9 @@
 Real processes: a normal encoder E0, a prefill P, a normal decode D and a switchable worker S
 that starts as an encoder. S is moved encoder -> decode -> encoder through
 ``POST /admin/switch_role`` with the role's own command line; after each switch a real request
-through it gives the reference tokens, and its counters continue.
+through it gives the reference tokens, and its counters continue. S has a fixed
+``--transfer-port`` (as epdctl renders one from the topology's range): every role it takes
+re-opens its transport on that same port.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 from pathlib import Path
 
 import aiohttp
@@ -21,6 +24,7 @@ from tiny_model import make_image
 from worker_procs import Worker, chat_body, metric, pd_call, pick_model, start_all, with_room
 
 E0, S, P, PB, PEB, D = 33700, 33701, 33710, 33711, 33712, 33720
+ST = 33705  # S's transfer port, kept across switches
 MODEL = "tiny-vlm"
 
 
@@ -30,7 +34,7 @@ def model_dir(tiny_ckpt, tmp_path_factory) -> Path:
 
 
 def _argv(role: str, model_dir: Path, port: int) -> list[str]:
-    m = ["--model-path", str(model_dir), "--host", "127.0.0.1", "--port", str(port)]
+    m = ["--model-path", str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--transfer-port", str(ST)]
     if role == "encoder":
         return ["encoder", *m]
     return [role, *m, "--served-model-name", MODEL, "--kv-timeout", "60"]
@@ -42,7 +46,7 @@ def cluster(model_dir, tmp_path_factory):
     m = ["--model-path", str(model_dir)]
     workers = {
         "e0": Worker("encoder", [*m, "--port", str(E0)], logs, "encoder0"),
-        "s": Worker("encoder", [*m, "--port", str(S), "--switchable"], logs, "switchable"),
+        "s": Worker("encoder", [*m, "--port", str(S), "--transfer-port", str(ST), "--switchable"], logs, "switchable"),
         "p": Worker("prefill", [*m, "--served-model-name", MODEL, "--port", str(P), "--bootstrap-port", str(PB),
                                 "--encoder-bootstrap-port", str(PEB), "--encoder-urls", f"http://127.0.0.1:{E0}",
                                 f"http://127.0.0.1:{S}", "--encoder-probe-interval", "0.5", "--kv-timeout", "60"],
@@ -78,6 +82,14 @@ def answer(decode_port: int, png: bytes) -> list[int]:
     return json.loads(db)["choices"][0]["token_ids"]
 
 
+def listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
 def expected(bundle, png: bytes) -> list[int]:
     return reference_generate(bundle, [png], image_messages(1, "describe the image"), 8)[1]
 
@@ -101,6 +113,7 @@ def test_encoder_to_decode_and_back_in_place(cluster, model_dir):
     assert answer(D, pngs[0]) == want[0]
     served = encoder_requests(S)
     assert served >= 1
+    assert listening(ST)
 
     # drained (out of the registry, idle), then switched: same pid, same port, decode routes
     assert call("POST", reg + "/register_encoder_url", {"url": f"http://127.0.0.1:{E0}"})[0] == 200
@@ -111,6 +124,7 @@ def test_encoder_to_decode_and_back_in_place(cluster, model_dir):
     assert call("GET", f"http://127.0.0.1:{S}/server_info")[1]["disaggregation_mode"] == "decode"
     assert call("POST", f"http://127.0.0.1:{S}/encode", {})[0] == 404      # the encoder's route is gone
     assert answer(S, pngs[1]) == want[1]                                    # S decodes, E0 encodes
+    assert listening(ST)                                                    # its new transport, same port
 
     # a switch must keep the address: another port is refused and nothing changes
     status, doc = call("POST", f"http://127.0.0.1:{S}/admin/switch_role",
@@ -126,6 +140,7 @@ def test_encoder_to_decode_and_back_in_place(cluster, model_dir):
     assert call("DELETE", reg + "/unregister_encoder_url", {"url": f"http://127.0.0.1:{E0}"})[0] == 200
     assert answer(D, pngs[2]) == want[2]
     assert encoder_requests(S) == served + 1
+    assert listening(ST)
     status, text = call("GET", f"http://127.0.0.1:{S}/metrics")
     assert metric(str(text), "epd_worker_role_switches_total") == 2
     assert 'epd_worker_role_info{role="encoder"} 1' in str(text)

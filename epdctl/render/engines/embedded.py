@@ -59,10 +59,12 @@ def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]
         if ctx.encoder_urls:
             argv += ["--encoder-urls", *ctx.encoder_urls]
     if w.role is not Role.COLOCATED:
-        argv += ["--transport", transport]
+        argv += ["--transport", transport, "--transfer-port", str(ctx.ports["transfer"])]
         nics = [n.name for n in ctx.transfer_nics()]
         if transport == "mooncake" and nics and w.role in (Role.ENCODER, Role.PREFILL):
             argv += ["--ib-device", ",".join(nics)]
+    if w.settings.cpus is not None:
+        argv += ["--cpus", ",".join(map(str, w.settings.cpus))]
     if w.settings.max_running_requests is not None and w.role is not Role.ENCODER:
         argv += ["--max-running-requests", str(w.settings.max_running_requests)]
     in_place = switchable(topo, w)

@@ -70,21 +70,22 @@ class EncodeBatcher:
         while True:
             jobs = [self._held or await self.queue.get()]
             self._held = None
-            n, pixels = len(jobs[0].images), jobs[0].pixels
-            deadline = time.monotonic() + self.wait_s
-            while n < self.max_batch_images:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), left)
-                except asyncio.TimeoutError:
-                    break
-                if pixels + job.pixels > self.max_batch_pixels:  # decoded pixels of one batch stay bounded
-                    self._held = job
-                    break
-                jobs.append(job)
-                n, pixels = n + len(job.images), pixels + job.pixels
+            deadline = time.monotonic() + self.wait_s  # 0 (default): an idle encoder starts at once
+            while self._held is None and sum(len(j.images) for j in jobs) < self.max_batch_images:
+                if not self.queue.empty():  # whatever queued during the last pass joins at once
+                    job = self.queue.get_nowait()
+                else:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        job = await asyncio.wait_for(self.queue.get(), left)
+                    except asyncio.TimeoutError:
+                        break
+                if sum(j.pixels for j in jobs) + job.pixels > self.max_batch_pixels:
+                    self._held = job  # decoded pixels of one batch stay bounded: next batch
+                else:
+                    jobs.append(job)
             await self._run(jobs)
 
     async def _run(self, jobs: list[_Job]) -> None:
@@ -276,7 +277,7 @@ async def build_encoder(args: Any, bundle: Any) -> Served:
     from epdctl.runtime.transports import open_transport
 
     encoder = VisionEncoder(bundle, cache_mb=args.cache_mb)
-    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
     await transport.start()
     server = EncoderServer(args, encoder, transport, wire)
     return Served("encoder", server, server.app(), [], server.on_ready, server.on_stop, server.on_drain,

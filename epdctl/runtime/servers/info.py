@@ -112,3 +112,5 @@ def transport_metrics(metrics: Registry, transport: Any) -> None:
     metrics.counter_fn("transport_transfers_received_total", "Messages received over the transport",
                        stat("transfers_received"))
     metrics.counter_fn("transport_failures_total", "Failed transfers", stat("failures"))
+    metrics.counter_fn("transport_connects_total", "Connections opened to peers (reused afterwards)", stat("connects"))
+    metrics.counter_fn("transport_shm_sent_total", "Messages sent through shared memory (same host)", stat("shm_sent"))

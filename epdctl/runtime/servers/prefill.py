@@ -241,7 +241,7 @@ async def build_prefill(args: Any, bundle: Any) -> Served:
     from epdctl.runtime.transports import open_transport
 
     engine = LanguagePrefill(bundle)
-    transport = open_transport(args.transport, args.host, ib_device=args.ib_device)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
     await transport.start()
     info = WorkerInfo(role="prefill", served_name=args.served_model_name or bundle.served_name,
                       model_path=args.model_path, transport=args.transport,

@@ -6,7 +6,8 @@ Started with ``--switchable``, an encoder/prefill/decode worker loads the whole 
 command line, as epdctl renders it) tears the old role's servers down after checking it is idle
 (the control plane drains it first) and builds the new role's around the same weights: its
 HTTP routes on the same port, its bootstrap servers and encoder registry on its own ports, a
-new transport. Counters and histograms continue where the role last left them; the switch
+new transport (the old one is closed first, so the new one can bind the same ``--transfer-port``:
+a rebalanced worker keeps its transfer port in every role). Counters and histograms continue where the role last left them; the switch
 itself is counted in ``epd_worker_role_switches_total``. With ``--api-key-env`` set, the admin
 route needs ``Authorization: Bearer KEY`` like the encoder registry.
 """

@@ -31,18 +31,19 @@ class Transport(Protocol):
 
 def open_transport(kind: Literal["zmq", "zmq-ipc", "mooncake"], host: str, *, port: int = 0,
                    ib_device: str | None = None, ipc_dir: str | None = None,
-                   timeout: float = DEFAULT_TIMEOUT) -> Transport:
+                   timeout: float = DEFAULT_TIMEOUT, shm: bool = True) -> Transport:
     """Create (not yet started) the transport of ``kind`` listening on ``host``.
 
     ``port`` 0 picks a free port. ``zmq-ipc`` uses a unix socket in ``ipc_dir`` (same host only).
-    ``timeout`` bounds how long ``send()`` waits for the peer's acknowledgement.
+    ``timeout`` bounds how long ``send()`` waits for the peer's acknowledgement. ``shm``: zmq
+    kinds hand large messages to peers on this host through shared memory (found out per peer).
     """
     if kind in ("zmq", "zmq-tcp"):
         from .zmq import ZmqTransport
-        return ZmqTransport(f"tcp://{host}:{port}" if port else f"tcp://{host}", timeout=timeout)
+        return ZmqTransport(f"tcp://{host}:{port}" if port else f"tcp://{host}", timeout=timeout, use_shm=shm)
     if kind == "zmq-ipc":
         from .zmq import ZmqTransport
-        return ZmqTransport.ipc(ipc_dir, timeout=timeout)
+        return ZmqTransport.ipc(ipc_dir, timeout=timeout, use_shm=shm)
     if kind == "mooncake":
         from .mooncake import MooncakeTransport
         return MooncakeTransport(host, port=port, ib_device=ib_device, timeout=timeout)

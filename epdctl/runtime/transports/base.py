@@ -1,5 +1,9 @@
 """Shared machinery: a ZMQ ROUTER endpoint that receives messages, acknowledges them and hands
 verified payloads to whoever ``recv()``s their key, plus the sender's request/ack round trip.
+
+Senders keep their DEALER sockets: one idle pool per peer, so a hand-off reuses a connected
+socket instead of paying a TCP connect per message. A socket is used by one request at a time
+and closed (not pooled) after a timeout, so a late answer can never be read as another's.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
 UNCLAIMED_TTL = 300.0      # arrived data nobody asked for is dropped after this long
-_OFFLOAD_BYTES = 1 << 20   # verify larger payloads in a thread so the event loop keeps serving
+_OFFLOAD_BYTES = 32 << 20  # verify larger payloads in a thread so the event loop keeps serving
+_IDLE_PER_PEER = 8         # pooled sockets kept per peer (more concurrent sends open more, then close them)
 
 
 def advertised_host(host: str) -> str:
@@ -46,8 +51,9 @@ class Endpoint:
         self._task: asyncio.Task | None = None
         self._arrived: dict[str, tuple[float, object]] = {}
         self._waiters: dict[str, asyncio.Future] = {}
+        self._idle: dict[str, list[zmq.asyncio.Socket]] = {}
         self.stats = {"bytes_sent": 0, "bytes_received": 0, "transfers_sent": 0, "transfers_received": 0,
-                      "failures": 0}
+                      "failures": 0, "connects": 0}
 
     async def _bind(self) -> None:
         self.router = self.ctx.socket(zmq.ROUTER)
@@ -120,28 +126,53 @@ class Endpoint:
 
     async def request(self, peer_endpoint: str, frames: Sequence[Frame], what: str) -> list[bytes]:
         """One round trip to a peer's endpoint: send ``frames``, wait (bounded) for its answer."""
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock = self._checkout(peer_endpoint)
+        answered = False
         try:
-            sock.connect(peer_endpoint)
             await asyncio.wait_for(sock.send_multipart(list(frames), copy=False), self.timeout)
             if not await sock.poll(int(self.timeout * 1000), zmq.POLLIN):
                 raise TransferError(f"{what}: no answer from {peer_endpoint} within {self.timeout:g}s; "
                                     "is the peer running and reachable?")
             reply = [bytes(f) for f in await sock.recv_multipart()]
+            answered = True
         except asyncio.TimeoutError as exc:
             raise TransferError(f"{what}: could not hand the message to {peer_endpoint} within "
                                 f"{self.timeout:g}s") from exc
         except zmq.ZMQError as exc:
             raise TransferError(f"{what}: {peer_endpoint}: {exc}") from exc
         finally:
-            sock.close(linger=0)
+            self._checkin(peer_endpoint, sock, answered)
         if not reply or reply[0] != b"OK":
             detail = reply[1].decode(errors="replace") if len(reply) > 1 else "no detail"
             raise TransferError(f"{what}: peer {peer_endpoint} rejected the transfer: {detail}")
         return reply
 
+    def _checkout(self, peer_endpoint: str) -> zmq.asyncio.Socket:
+        idle = self._idle.get(peer_endpoint)
+        if idle:
+            return idle.pop()
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(peer_endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise TransferError(f"cannot connect to {peer_endpoint}: {exc}") from exc
+        self.stats["connects"] += 1
+        return sock
+
+    def _checkin(self, peer_endpoint: str, sock: zmq.asyncio.Socket, reusable: bool) -> None:
+        idle = self._idle.setdefault(peer_endpoint, [])
+        if reusable and len(idle) < _IDLE_PER_PEER and not sock.closed:
+            idle.append(sock)
+        else:
+            sock.close(linger=0)
+
     async def close(self) -> None:
+        for socks in self._idle.values():
+            for sock in socks:
+                sock.close(linger=0)
+        self._idle.clear()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -5,7 +5,7 @@ Protocol for one ``send``: ALLOC (header with the tensor table) -> the receiver 
 buffer laid out by ``wire.layout`` and answers its Mooncake session and address; the sender
 copies the tensors into one staging buffer with the same layout and writes it in one transfer
 (one large write beats one slice per tensor: 56 KV tensors as slices cost ~5x more on TCP);
-DONE (lengths written) -> the receiver checks lengths and CRC32s, answers OK/ERR and hands out
+DONE (lengths written) -> the receiver checks lengths and checksums, answers OK/ERR and hands out
 tensors that are views into the received buffer (no second copy). An ALLOC never followed by
 DONE is freed after the timeout.
 
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..errors import TransferError
-from ..wire import Frame, layout, pack, parse_header, unpack_contiguous
+from ..wire import Frame, fill, layout, pack, parse_header, unpack_written
 from .base import DEFAULT_TIMEOUT, Endpoint, advertised_host, verify
 
 log = logging.getLogger(__name__)
@@ -95,16 +95,9 @@ class MooncakeTransport(Endpoint):
         return nbytes
 
     def _write(self, session: str, base: int, header: bytes, bufs: Sequence[Frame]) -> list[int]:
-        offsets, total = layout(parse_header(header)["tensors"])
+        total = layout(parse_header(header)["tensors"])[1]
         staging = torch.empty(max(total, 1), dtype=torch.uint8)
-        dst = staging.numpy()
-        lengths = []
-        ends = offsets[1:] + [total]
-        for buf, off, end in zip(bufs, offsets, ends):
-            src = np.frombuffer(buf, dtype=np.uint8)
-            n = min(src.nbytes, end - off)  # a damaged (over-long) frame must not spill into the next slot
-            dst[off:off + n] = src[:n]
-            lengths.append(src.nbytes)
+        lengths = fill(header, bufs, staging.numpy())
         ptr = staging.data_ptr()
         if self.engine.register_memory(ptr, staging.numel()) != 0:
             raise TransferError(f"mooncake: cannot register {staging.numel()} bytes of send buffer")
@@ -160,12 +153,7 @@ class MooncakeTransport(Endpoint):
 
     @staticmethod
     def _unpack(args: tuple[bytes, torch.Tensor, list[int]]):
-        header, buf, lengths = args
-        expected = [t["nbytes"] for t in parse_header(header)["tensors"]]
-        if lengths != expected:
-            raise TransferError(f"transfer truncated: wrote {sum(lengths)} of {sum(expected)} bytes "
-                                f"({len(lengths)} of {len(expected)} buffers)")
-        return unpack_contiguous(header, buf)
+        return unpack_written(*args)
 
     async def close(self) -> None:
         for _, _, _, buf in self._pending.values():

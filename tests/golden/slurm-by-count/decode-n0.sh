@@ -11,4 +11,5 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host decode-n0.slurm \
     --port 37400 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37401

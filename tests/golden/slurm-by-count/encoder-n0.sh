@@ -10,7 +10,8 @@ python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host encoder-n0.slurm \
     --port 37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37103
 
 # router: http://encoder-n0.slurm:37101 (metrics on port 37102)
 python3 -m smg.launch_router \

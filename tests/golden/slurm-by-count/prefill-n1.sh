@@ -14,4 +14,5 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 37301 \
     --encoder-bootstrap-port 37302 \
     --encoder-urls http://encoder-n0.slurm:37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37303

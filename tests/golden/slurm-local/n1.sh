@@ -14,4 +14,5 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 37201 \
     --encoder-bootstrap-port 37202 \
     --encoder-urls http://n0.slurm:37100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37203

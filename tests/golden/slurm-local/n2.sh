@@ -11,4 +11,5 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host n2.slurm \
     --port 37300 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 37301

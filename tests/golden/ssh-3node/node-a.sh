@@ -11,7 +11,8 @@ python3 -m epdctl.runtime encoder \
     --model-path <REPO>/models/tiny-qwen2vl \
     --host 127.0.0.2 \
     --port 35100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 35103
 
 # router: http://127.0.0.2:35101 (metrics on port 35102)
 python3 -m smg.launch_router \

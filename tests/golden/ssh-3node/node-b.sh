@@ -15,4 +15,5 @@ python3 -m epdctl.runtime prefill \
     --bootstrap-port 35101 \
     --encoder-bootstrap-port 35102 \
     --encoder-urls http://127.0.0.2:35100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 35103

@@ -12,4 +12,5 @@ python3 -m epdctl.runtime decode \
     --served-model-name tiny-qwen2vl \
     --host 127.0.0.4 \
     --port 35100 \
-    --transport zmq
+    --transport zmq \
+    --transfer-port 35101

@@ -1,0 +1,161 @@
+"""Decode isolation under image bursts: EPD with pinned pools vs colocated on the same cores.
+
+What the published EPD results claim (decode latency stays flat while image-heavy requests
+arrive, because the encoders run elsewhere), in miniature on one CPU host. One run starts each
+topology with `epdctl up`, then for ``--seconds``: ``--streams`` long answers (1 image,
+``--stream-tokens`` tokens, ignore_eos) run back to back, while every ``--burst-every`` seconds a
+burst of ``--burst-size`` requests with 8 images each arrives at once. Reported per mode: the
+streams' inter-token gaps (TPOT) p50/p99/max and the bursts' TTFT p50/p99. Modes:
+  EPD pinned: topologies/local.yaml with `cpus:` encoders and prefill on CPU 0, decode on CPU 1;
+  colocated: topologies/local-colocated.yaml with `cpus: "0-1"` (the same two cores, shared).
+
+Measured, not asserted. Usage:
+    .venv/bin/python benchmarks/bench_burst_isolation.py [--seconds 20]
+Writes benchmarks/results/burst_isolation.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from harness import Harness  # noqa: E402
+
+from epdctl.bench.client import body_for  # noqa: E402
+from epdctl.bench.workload import RequestSource, Workload  # noqa: E402
+
+EPD_CPUS = {"encoder": "0", "prefill": "0", "decode": "1"}
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return round(xs[min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))] * 1000, 2)
+
+
+async def stream(session, url: str, body: dict) -> tuple[float | None, list[float]]:
+    """(TTFT, inter-token gaps) of one streamed answer, seconds."""
+    t0 = time.perf_counter()
+    stamps: list[float] = []
+    async with session.post(url, json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for raw in resp.content:
+            line = raw.strip()
+            if line.startswith(b"data:") and line[5:].strip() not in (b"", b"[DONE]"):
+                chunk = json.loads(line[5:])
+                if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
+                    stamps.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    return (stamps[0] - t0 if stamps else None), gaps
+
+
+async def load(base: str, model: str, args: argparse.Namespace) -> dict:
+    import aiohttp
+
+    url = base + "/v1/chat/completions"
+    streams_src = RequestSource(Workload(images={1: 1.0}, plain=True, seed=1, concurrency=1))
+    burst_src = RequestSource(Workload(images={8: 1.0}, repeat=0.0, seed=2, concurrency=1))
+    gaps: list[float] = []
+    burst_ttft: list[float] = []
+    errors: list[str] = []
+    end = time.perf_counter() + args.seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=300)) as session:
+        await stream(session, url, body_for(streams_src.next(), model, 4))  # warm-up
+
+        async def streamer() -> None:
+            while time.perf_counter() < end:
+                try:
+                    gaps.extend((await stream(session, url, body_for(streams_src.next(), model,
+                                                                     args.stream_tokens, True)))[1])
+                except Exception as exc:  # noqa: BLE001 - reported, the run goes on
+                    errors.append(str(exc)[:200])
+
+        async def one_burst_request() -> None:
+            try:
+                ttft, _ = await stream(session, url, body_for(burst_src.next(), model, 4))
+                if ttft is not None:
+                    burst_ttft.append(ttft)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(str(exc)[:200])
+
+        async def bursts() -> None:
+            await asyncio.sleep(args.burst_every / 2)
+            while time.perf_counter() < end:
+                await asyncio.gather(*(one_burst_request() for _ in range(args.burst_size)))
+                await asyncio.sleep(args.burst_every)
+
+        await asyncio.gather(bursts(), *(streamer() for _ in range(args.streams)))
+    return {"tpot_gaps": len(gaps), "tpot_p50_ms": pct(gaps, 50), "tpot_p99_ms": pct(gaps, 99),
+            "tpot_max_ms": pct(gaps, 100), "burst_requests": len(burst_ttft),
+            "burst_ttft_p50_ms": pct(burst_ttft, 50), "burst_ttft_p99_ms": pct(burst_ttft, 99),
+            "errors": errors[:5], "error_count": len(errors)}
+
+
+def topology(h: Harness, mode: str, port_base: int) -> tuple[Path, str, str]:
+    """The mode's topology with its pinning, on ports port_base..+99; (file, cluster name, model)."""
+    src = ROOT / "topologies" / ("local.yaml" if mode == "epd" else "local-colocated.yaml")
+    doc = yaml.safe_load(src.read_text())
+    doc["ports"] = {"base": port_base, "limit": port_base + 99}
+    for role, spec in doc["roles"].items():
+        spec["cpus"] = EPD_CPUS[role] if mode == "epd" else "0-1"
+    name = f"burst-{mode}"
+    return h.topology(doc, name), name, doc["model"]["served_name"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--streams", type=int, default=2)
+    ap.add_argument("--stream-tokens", type=int, default=96)
+    ap.add_argument("--burst-size", type=int, default=8)
+    ap.add_argument("--burst-every", type=float, default=3.0)
+    ap.add_argument("--port-base", type=int, default=31200)
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/burst_isolation.json")
+    args = ap.parse_args()
+    if len(os.sched_getaffinity(0)) < 2:
+        sys.exit("needs at least 2 CPUs (CPU 0 and 1)")
+    h = Harness("epdctl-burst-")
+    results: dict = {"command": " ".join(["benchmarks/bench_burst_isolation.py", *sys.argv[1:]]),
+                     "cpus": {"epd": EPD_CPUS, "colocated": "0-1"}, "load_avg_at_start": os.getloadavg()}
+    for mode in ("epd", "colocated"):
+        path, name, model = topology(h, mode, args.port_base)
+        from epdctl.render import build_plan
+        from epdctl.topology import load_topology
+
+        plan = build_plan(load_topology(path))
+        print(f"$ epdctl up {name}", flush=True)
+        h.epdctl("up", str(path), "--no-canary", "--skip-preflight")
+        try:
+            results[mode] = asyncio.run(load(plan.router.url, model, args))
+        finally:
+            h.epdctl("down", name, check=False)
+    print(f"{'':24} {'EPD pinned':>12} {'colocated':>12}")
+    for key in ("tpot_p50_ms", "tpot_p99_ms", "tpot_max_ms", "burst_ttft_p50_ms", "burst_ttft_p99_ms",
+                "tpot_gaps", "burst_requests", "error_count"):
+        print(f"{key:24} {results['epd'][key]!s:>12} {results['colocated'][key]!s:>12}")
+    e, c = results["epd"]["tpot_p99_ms"], results["colocated"]["tpot_p99_ms"]
+    if e and c:
+        results["tpot_p99_ratio_epd_over_colocated"] = round(e / c, 3)
+        print(f"decode TPOT p99, EPD / colocated: {e / c:.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Decode batching: tokens/s of 1, 4 and 16 concurrent streams in one DecodeEngine, in one run.
+
+Measured, not asserted. Each stream is a real prefill (tiny model, 1-8 images, different prompt
+lengths) handed to the engine; every stream runs ``--tokens`` tokens (ignore_eos). Reported:
+aggregate tokens/s, time per step (= TPOT of every running stream) and the speed-up over one
+stream. A second row per batch lets streams join one at a time while the batch runs (continuous
+batching). Uses models/tiny-qwen2vl when it holds a checkpoint, else a tiny random one. Writes
+benchmarks/results/decode_batch.json.
+
+    .venv/bin/python benchmarks/bench_decode_batch.py [--tokens 64] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_stages import model_dir  # noqa: E402
+from epdctl.runtime.decode_engine import DecodeEngine  # noqa: E402
+from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
+from epdctl.runtime.model import load_bundle  # noqa: E402
+from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402
+from epdctl.runtime.prompt import build_prompt  # noqa: E402
+from epdctl.runtime.sampling import SamplingParams  # noqa: E402
+from epdctl.shapes import make_request  # noqa: E402
+
+
+def prefills(bundle, n: int, params: SamplingParams) -> list:
+    """``n`` prefilled requests with 1..8 images (different prompt lengths)."""
+    enc, pre, out = VisionEncoder(bundle, cache_mb=0), LanguagePrefill(bundle), []
+    for i in range(n):
+        images = 1 + i % 8
+        pngs, question, _ = make_request(random.Random(i), images, plain=True)
+        messages = [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": question}]}]
+        encoded = enc.encode(pngs)
+        prompt = build_prompt(bundle, messages, [e.grid_thw for e in encoded])
+        out.append(pre.prefill(prompt, encoded, params))
+    return out
+
+
+def run(bundle, results: list, params: SamplingParams, staggered: bool) -> dict:
+    """Decode every result to completion; staggered: one joins per step instead of all at once."""
+    engine = DecodeEngine(bundle, max_running=len(results))
+    pending = list(enumerate(results))
+    if not staggered:
+        for i, r in pending:
+            engine.add(f"s{i}", r, params)
+        pending = []
+    tokens, steps = 0, 0
+    t0 = time.perf_counter()
+    while engine.num_running or pending:
+        if pending:
+            i, r = pending.pop(0)
+            engine.add(f"s{i}", r, params)
+        tokens += len(engine.step())
+        steps += 1
+    wall = time.perf_counter() - t0
+    return {"tokens": tokens, "steps": steps, "wall_s": wall, "tokens_per_s": tokens / wall,
+            "ms_per_step": wall / steps * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="checkpoint folder (default: models/tiny-qwen2vl, else a random tiny one)")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_batch.json"))
+    args = ap.parse_args()
+    path, source = model_dir(args.model)
+    bundle = load_bundle(path, role="colocated")
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
+    results = prefills(bundle, max(args.streams), params)
+    rows = []
+    print(f"{'streams':>7} {'joining':>8} {'tokens/s':>10} {'ms/step':>9} {'x one stream':>13}")
+    for staggered in (False, True):
+        for n in args.streams:
+            best = max((run(bundle, results[:n], params, staggered) for _ in range(args.reps)),
+                       key=lambda r: r["tokens_per_s"])
+            base = next((r for r in rows if r["streams"] == 1 and not r["staggered"]), None)
+            best.update(streams=n, staggered=staggered,
+                        speedup=best["tokens_per_s"] / base["tokens_per_s"] if base else 1.0)
+            rows.append(best)
+            print(f"{n:7d} {'yes' if staggered else 'no':>8} {best['tokens_per_s']:10.0f} "
+                  f"{best['ms_per_step']:9.2f} {best['speedup']:12.1f}x", flush=True)
+    print("best of the repetitions (the host is shared); tokens/s counts every stream's tokens.")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": source, "tokens": args.tokens, "reps": args.reps,
+                               "threads": torch.get_num_threads(), "load_avg_1m": os.getloadavg()[0],
+                               "rows": rows}, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
