@@ -13,7 +13,7 @@ import click
 
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
-from epdctl.launchers.lifecycle import BringUp, tear_down
+from epdctl.launchers.lifecycle import BringUp
 from epdctl.launchers.observe import observe
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 
@@ -148,6 +148,10 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
             view = observe(state, launcher, tail_lines=lines)
         finally:
             launcher.close()
+        if state.phase == "starting" and cdir.lock_holder() is None:
+            view.phase = "failed"
+            view.problem = (f"`epdctl up` ended before the cluster was ready (killed?); "
+                            f"`epdctl down {state.name}` stops what it started")
         if as_json:
             click.echo(json.dumps(view.to_dict(), indent=2))
         else:
@@ -159,46 +163,6 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
         time.sleep(interval)
     if not view.healthy:
         raise SystemExit(1)
-
-
-@click.command()
-@click.argument("cluster", required=False)
-@click.option("--grace", type=float, default=15.0, show_default=True,
-              help="Seconds to wait after SIGTERM before SIGKILL.")
-def down(cluster: str | None, grace: float) -> None:
-    """Stop every recorded process of CLUSTER and confirm nothing remains (idempotent)."""
-    name = _cluster_arg(cluster)
-    if name is None:
-        names = list_clusters()
-        if not names:
-            click.echo(f"no cluster is recorded under {state_root()}; nothing to stop")
-            return
-        cdir = resolve_cluster(None)
-    else:
-        cdir = ClusterDir(name)
-    with cdir.lock("down"):
-        state = cdir.load()
-        if state is None:
-            click.echo(f"cluster {cdir.name!r}: nothing recorded; nothing to stop")
-            return
-        state.phase = "stopping"
-        cdir.save(state)
-        launcher = get_launcher(state.launcher, cdir.root)
-        click.echo(f"stopping cluster {state.name} ({len(state.processes)} processes) ...")
-        t0 = time.monotonic()
-        try:
-            res = tear_down(state, launcher, grace=grace)
-            polled = launcher.poll(state.processes)
-            left = [n for n, st in polled.ok.items() if st.alive] + list(polled.failed)
-        finally:
-            launcher.close()
-        if left or not res.all_ok:
-            res.raise_if_failed(f"stopping cluster {state.name}")
-            raise LaunchError(f"still running after down: {', '.join(left)}; run "
-                              f"`epdctl down {state.name}` again")
-        cdir.clear()
-    click.secho(f"cluster {state.name} stopped in {time.monotonic() - t0:.1f}s; no recorded "
-                "process remains", fg="green")
 
 
 def _log_dir_cluster(name: str | None) -> ClusterDir:
@@ -259,10 +223,18 @@ def _live_logs(cdir: ClusterDir, state: ClusterState, worker: str | None, follow
         raise EpdctlError(f"--follow on a {state.launcher} cluster follows one worker: name it "
                           f"(one of {', '.join(recs)})")
     prefix = len(chosen) > 1
+    unread: list[str] = []
     try:
         for w in chosen:
-            for ln in launcher.logs(recs[w], lines).splitlines():
+            try:
+                text = launcher.logs(recs[w], lines)
+            except LaunchError as e:  # one unreachable node never hides the other logs
+                unread.append(f"[{w}] {str(e).splitlines()[0]}")
+                continue
+            for ln in text.splitlines():
                 click.echo(f"[{w}] {ln}" if prefix else ln)
+        if unread:
+            raise LaunchError("could not read every log:\n  " + "\n  ".join(unread))
         if follow and len(chosen) == 1:
             for ln in launcher.follow(recs[chosen[0]]):
                 click.echo(ln)

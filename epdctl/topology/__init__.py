@@ -17,6 +17,7 @@ from epdctl.topology.loader import Document, load_document, parse_yaml
 from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
+from epdctl.topology.restart import read_restart
 from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
                                     read_router, read_settings, read_slurm, read_transfer, top_level)
 
@@ -56,6 +57,7 @@ def _build(doc: Document) -> Topology:
     transfer = read_transfer(r, top)
     router = read_router(r, top)
     ports = read_ports(r, top)
+    restart = read_restart(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
     if r.problems or model is None or name is None or engine is None:
@@ -63,7 +65,7 @@ def _build(doc: Document) -> Topology:
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, source=doc.source,
-                    lines=doc.lines)
+                    lines=doc.lines, restart=restart)
     problems = [Problem(path, doc.line(path), msg) for path, msg in run_checks(topo)]
     if problems:
         raise TopologyError(_sorted(_dedupe(problems)))

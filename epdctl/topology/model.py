@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 
 class Role(str, Enum):
@@ -170,6 +171,7 @@ class Topology:
     ports: Ports
     python: str = "python3"
     source: Path | None = None
+    restart: dict[str, Any] = field(default_factory=dict, compare=False)  # role -> RestartPolicy
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def node(self, name: str) -> Node:
