@@ -30,11 +30,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from sshd_nodes import SshdNodes  # noqa: E402
 
-from epdctl.fanout import fanout, raise_if_failed  # noqa: E402
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed  # noqa: E402
 from epdctl.state import ProcessRecord  # noqa: E402
 from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh_nodes import NodeAccess  # noqa: E402
-from epdctl.sshconn import SSHOptions, SSHTarget  # noqa: E402
+from epdctl.launchers.ssh.nodes import NodeAccess  # noqa: E402
+from epdctl.launchers.ssh.conn import SSHOptions, SSHTarget  # noqa: E402
 
 PORT = 35024
 TRIVIAL = ("sleep", "600")

@@ -4,7 +4,7 @@ Why a separate module: `epdctl status` shows the same figures as `epdctl bench` 
 Grafana dashboard (requests, TTFT/TPOT quantiles, queue, embedding-cache hit rate, bytes
 moved), and the arithmetic (quantiles from cumulative buckets, hit rates, role totals) is
 easiest to trust when it is tested on recorded ``/metrics`` text. Samples come from
-``epdctl.bench.scrape.parse_prometheus`` (``name{labels}`` -> value). All figures are
+``epdctl.metrics.parse`` (``name{labels}`` -> value). All figures are
 cumulative since the process started, not over a window.
 """
 

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from sshd_nodes import SshdNodes  # noqa: E402
 
-from epdctl.launchers.ssh_nodes import NodeAccess  # noqa: E402
-from epdctl.sshconn import SSHOptions, SSHTarget  # noqa: E402
+from epdctl.launchers.ssh.nodes import NodeAccess  # noqa: E402
+from epdctl.launchers.ssh.conn import SSHOptions, SSHTarget  # noqa: E402
 
 NODE_COUNT = 3
 

@@ -13,7 +13,8 @@ from typing import Iterator
 import pytest
 from aiohttp import web
 
-from epdctl.bench import client, report, scrape
+from epdctl import metrics as scrape
+from epdctl.bench import client, report
 from epdctl.bench.client import Sample, Target
 from epdctl.bench.workload import (RequestSource, Workload, WorkloadError, from_dict,
                                    load_workload, parse_images)
@@ -173,7 +174,7 @@ def test_scrape_delta_keeps_only_what_changed(metrics_server: tuple[str, Registr
 def test_parse_prometheus_labels_and_comments() -> None:
     text = ('# HELP x y\n# TYPE x counter\nx_total{a="1",b="2"} 3\nbad line\n'
             'smg_pd_ttft_seconds_sum{model="m"} 1.5e-1\n')
-    assert scrape.parse_prometheus(text) == {'x_total{a="1",b="2"}': 3.0,
+    assert scrape.parse(text) == {'x_total{a="1",b="2"}': 3.0,
                                              'smg_pd_ttft_seconds_sum{model="m"}': 0.15}
 
 

@@ -209,7 +209,7 @@ def test_netns_links_slow_and_down_are_named(netns4, tmp_path):
 
 
 def test_ssh_nodes_run_the_agent_over_real_sshd(tmp_path):
-    """launcher: ssh: facts and link agents go through epdctl.sshconn to real sshd daemons on
+    """launcher: ssh: facts and link agents go through epdctl.launchers.ssh.conn to real sshd daemons on
     127.0.0.2..4 (the topology's loopback hosts are swapped in after validation, which rejects
     loopback hosts for multi-node ssh topologies)."""
     from dataclasses import replace
@@ -217,7 +217,7 @@ def test_ssh_nodes_run_the_agent_over_real_sshd(tmp_path):
     from sshd_nodes import SshdNodes
 
     from epdctl.preflight.targets import runners_for
-    from epdctl.sshconn import SSHOptions
+    from epdctl.launchers.ssh.conn import SSHOptions
     from epdctl.topology.model import SSH
 
     path = tmp_path / "ssh.yaml"
@@ -254,7 +254,7 @@ def test_agent_refuses_a_source_address_the_node_does_not_have():
 def test_an_unreachable_ssh_node_is_a_finding_not_a_crash():
     from epdctl.preflight.run import collect_facts
     from epdctl.preflight.runners import SSHRunner
-    from epdctl.sshconn import SSHConnection, SSHOptions, SSHTarget
+    from epdctl.launchers.ssh.conn import SSHConnection, SSHOptions, SSHTarget
 
     opts = SSHOptions(known_hosts=(), ssh_config=None, connect_timeout=3)
     conn = SSHConnection(SSHTarget(node="gone", host="127.0.0.9", port=36023, user="root"), opts)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from epdctl.bench.scrape import parse_prometheus
+from epdctl.metrics import page, parse
 from epdctl.commands.render_status import fmt_bytes, render_figures
-from epdctl.launchers.observe import ClusterView, WorkerView, _scrape
+from epdctl.launchers.observe import ClusterView, WorkerView
 from epdctl.metrics_summary import (buckets, hit_rate, quantile, role_figures, router_figures,
                                     total, worker_figures)
 
@@ -21,7 +21,7 @@ FIX = Path(__file__).parent / "fixtures" / "metrics"
 
 
 def _page(name: str) -> dict[str, float]:
-    return parse_prometheus((FIX / f"{name}.prom").read_text())
+    return parse((FIX / f"{name}.prom").read_text())
 
 
 def test_decode_figures_from_recorded_page() -> None:
@@ -99,4 +99,4 @@ def test_table_shows_dash_for_worker_without_metrics() -> None:
 
 
 def test_scrape_of_closed_port_is_none() -> None:
-    assert _scrape("http://127.0.0.1:30499/metrics") is None  # nothing listens in this range
+    assert page("http://127.0.0.1:30499/metrics") is None  # nothing listens in this range

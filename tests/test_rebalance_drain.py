@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from epdctl.rebalance import drain as dr
+from epdctl import metrics
 from epdctl.routerctl import RouterClient, with_local_health_flags
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"
@@ -179,7 +180,7 @@ def test_encoder_drain_times_out_while_the_queue_stays_busy(fake: FakeSglang) ->
 
 
 def test_metric_parsing_sums_labels_and_reads_transfer_bytes(fake: FakeSglang) -> None:
-    vals = dr.metric_values(fixture("encoder_metrics_idle")["text"])
+    vals = metrics.summed(fixture("encoder_metrics_idle")["text"])
     assert vals["epd_encoder_requests_total"] == 44 and vals["epd_encoder_queue_depth"] == 0
     assert dr.transfer_bytes(fake.url) in (123456.0, 130000.0)
 

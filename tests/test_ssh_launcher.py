@@ -26,12 +26,12 @@ from sshd_nodes import SshdNodes, keygen, known_hosts_line  # noqa: E402
 
 import epdctl  # noqa: E402
 from epdctl.errors import LaunchError  # noqa: E402
-from epdctl.fanout import fanout, raise_if_failed  # noqa: E402
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed  # noqa: E402
 from epdctl.launchers import get_launcher  # noqa: E402
 from epdctl.state import ProcessRecord  # noqa: E402
 from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh_nodes import with_overrides  # noqa: E402
-from epdctl.sshconn import SSHConnection, SSHError, SSHOptions, SSHTarget  # noqa: E402
+from epdctl.launchers.ssh.nodes import with_overrides  # noqa: E402
+from epdctl.launchers.ssh.conn import SSHConnection, SSHError, SSHOptions, SSHTarget  # noqa: E402
 
 
 def sleeper(marker: str) -> tuple[str, ...]:

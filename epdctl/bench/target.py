@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epdctl.bench.client import Target, discover_model
-from epdctl.bench.scrape import Endpoint
+from epdctl.metrics import Endpoint
 from epdctl.errors import EpdctlError
 from epdctl.state import ClusterState, resolve_cluster
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from epdctl.bench.scrape import parse_prometheus
+from epdctl.metrics import parse
 from epdctl.errors import ProbeError
 from epdctl.probes import http
 
@@ -48,7 +48,7 @@ class EncoderResult:
 
 def encoder_counts(text: str) -> tuple[float, float] | None:
     """(transfers, items) summed over labels; None when the page has no encoder series."""
-    m = parse_prometheus(text)
+    m = parse(text)
     t = [v for k, v in m.items() if k.split("{")[0] == TRANSFERS]
     if not t:
         return None

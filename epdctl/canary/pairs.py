@@ -17,9 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
+from epdctl import metrics
 from epdctl.errors import ProbeError
 from epdctl.probes import http
-from epdctl.rebalance.drain import metric_values
 from epdctl.rebalance.links import pd_pair
 
 SENT, RECEIVED = "transport_bytes_sent_total", "transport_bytes_received_total"
@@ -81,7 +81,7 @@ def counters(url: str) -> tuple[float, float] | None:
     r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
     if not r.ok:
         return None
-    m = metric_values(r.body.decode(errors="replace"))
+    m = metrics.summed(r.body.decode(errors="replace"))
     return (sum(v for k, v in m.items() if k.endswith(SENT)),
             sum(v for k, v in m.items() if k.endswith(RECEIVED)))
 

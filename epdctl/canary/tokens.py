@@ -96,12 +96,12 @@ def _post(url: str, body: dict[str, Any], what: str, timeout: float) -> dict[str
 
 def kv_counters(url: str) -> tuple[float | None, float | None, str | None]:
     """(KV bytes sent, transfers, source) from a prefill's /metrics; Nones when not exported."""
-    from epdctl.bench.scrape import parse_prometheus
+    from epdctl.metrics import parse
 
     r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
     if not r.ok:
         return None, None, None
-    m = parse_prometheus(r.body.decode(errors="replace"))
+    m = parse(r.body.decode(errors="replace"))
     mib = [v for k, v in m.items() if k.split("{")[0] == KV_MIB]
     if mib:
         cnt = sum(v for k, v in m.items() if k.split("{")[0] == KV_COUNT)

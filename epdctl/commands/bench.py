@@ -79,17 +79,18 @@ def build_workload(path: Path | None, **flags: Any) -> Workload:
 
 
 def run_once(resolved: Any, w: Workload, label: str, quiet: bool) -> tuple[list, dict]:
-    from epdctl.bench import client, report, scrape
+    from epdctl import metrics
+    from epdctl.bench import client, report
 
-    before = scrape.scrape(resolved.endpoints)
+    before = metrics.scrape(resolved.endpoints)
     bar = _ProgressLine(label) if not quiet else None
     samples, wall = client.run(resolved.target, w, bar)
     if bar:
         bar.close()
-    d = scrape.delta(before, scrape.scrape(resolved.endpoints))
+    d = metrics.delta(before, metrics.scrape(resolved.endpoints))
     rep = report.summarize(samples, wall, workload=w.describe(), target=resolved.target.base_url,
                            offered_rate=w.rate, concurrency=w.concurrency, metrics=d,
-                           stage_means=scrape.stage_means(d))
+                           stage_means=metrics.stage_means(d))
     return samples, rep
 
 

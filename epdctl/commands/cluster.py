@@ -76,7 +76,8 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
               help="How to start workers (default: the topology's launcher).")
 @click.option("--no-canary", is_flag=True, help="Skip the post-launch test request.")
 @click.option("--timeout", type=float, default=300.0, show_default=True,
-              help="Seconds each role may take to become healthy.")
+              help="Seconds the cluster may take to become healthy (every role starts at "
+                   "once).")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="ssh launcher: trust and record the host keys of nodes never seen before "
                    "(check their fingerprints first); a changed key is always refused.")

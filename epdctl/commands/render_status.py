@@ -132,11 +132,12 @@ class Progress:
         if e.kind == "starting":
             self._end()
             click.echo(f"starting {e.stage} ({e.total}) ..." + (f" {e.detail}" if e.detail else ""))
+        elif e.kind == "progress":
+            if self.tty:
+                click.echo(f"\r  waiting: {e.detail} ({e.elapsed:.0f}s)\x1b[K", nl=False)
+                self._open = True
         elif e.kind == "waiting" and self.tty:
-            extra = f" - {e.detail}" if e.detail else ""
-            click.echo(f"\r  {e.stage}: {e.ready}/{e.total} ready ({e.elapsed:.0f}s){extra}"
-                       "\x1b[K", nl=False)
-            self._open = True
+            pass  # the "progress" line shows every role at once
         elif e.kind == "waiting" and e.detail and e.detail != self._last_detail:
             click.echo(f"  {e.stage}: {e.detail} ({e.elapsed:.0f}s)")  # e.g. a job's queue state
             self._last_detail = e.detail

@@ -18,11 +18,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from epdctl.errors import LaunchError
 from epdctl.launchers.base import Launcher, Results, tail
 from epdctl.probes import probe_health
+from epdctl.render.plan import Plan
 from epdctl.routerctl import RouterClient
 from epdctl.state import ClusterDir, ClusterState, ProcessRecord
 
@@ -35,8 +36,8 @@ ROUTER_TYPES = {"prefill": "prefill", "decode": "decode", "colocated": "regular"
 class Event:
     """Progress of `up`, for the command to display."""
 
-    stage: str            # role name or "router"
-    kind: str             # starting | waiting | ready | registered
+    stage: str            # role name, "router", or "all" (kind "progress")
+    kind: str             # starting | waiting | ready | registered | progress
     ready: int = 0
     total: int = 0
     elapsed: float = 0.0
@@ -46,7 +47,7 @@ class Event:
 OnEvent = Callable[[Event], None]
 
 
-def records_of(plan: Any, engine: str, cdir: ClusterDir) -> list[ProcessRecord]:
+def records_of(plan: Plan, engine: str, cdir: ClusterDir) -> list[ProcessRecord]:
     """One record per planned process (workers, then the router), logs in the run folder."""
     recs = [ProcessRecord.of(w, engine, cdir.log(w.name)) for w in plan.workers]
     if plan.router is not None:
@@ -81,7 +82,7 @@ class BringUp:
 
     # ---- `up` ----------------------------------------------------------------------------
 
-    def run(self, plan: Any) -> ClusterState:
+    def run(self, plan: Plan) -> ClusterState:
         """Start every process of ``plan`` at once, wait for all; on any failure (Ctrl-C
         included) stop what was started."""
         recs = records_of(plan, self.state.engine, self.cdir)
@@ -173,6 +174,12 @@ class BringUp:
 
     def _progress(self, recs: Sequence[ProcessRecord], pending: dict[str, ProcessRecord],
                   totals: dict[str, int], shown: dict[str, int], elapsed: float) -> None:
+        """Per role: an event when its ready count changes; every round: one "progress"
+        event with every role's count (the one updating line of a terminal)."""
+        counts = {role: total - sum(r.role == role for r in pending.values())
+                  for role, total in totals.items() if total}
+        self.on_event(Event("all", "progress", len(recs) - len(pending), len(recs), elapsed,
+                            "  ".join(f"{role} {n}/{totals[role]}" for role, n in counts.items())))
         for role, total in totals.items():
             if not total:
                 continue

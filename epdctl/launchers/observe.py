@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from epdctl.bench.scrape import parse_prometheus
+from epdctl.metrics import page
 from epdctl.bench.target import cluster_endpoints
 from epdctl.errors import ProbeError
 from epdctl.launchers.base import Launcher, Status
@@ -113,14 +113,9 @@ def _router_view(state: ClusterState) -> tuple[dict[str, RouterWorker], bool | N
     return by_url, ready, detail
 
 
-def _scrape(url: str) -> dict[str, float] | None:
-    r = http("GET", url, timeout=3.0)
-    return parse_prometheus(r.body.decode(errors="replace")) if r.ok else None
-
-
 def _router_figures(state: ClusterState) -> dict[str, Any] | None:
     url = next((e.url for e in cluster_endpoints(state) if e.role == "router"), None)
-    samples = _scrape(url) if url else None
+    samples = page(url) if url else None
     return router_figures(samples) if samples is not None else None
 
 
@@ -141,7 +136,7 @@ def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, R
         view.health, view.healthy = h.detail, h.ok
         if h.ok and rec.role != "router":
             view.load = get_loads(rec.url)
-            view.metrics = _scrape(rec.url.rstrip("/") + "/metrics")
+            view.metrics = page(rec.url.rstrip("/") + "/metrics")
             if view.metrics is not None:
                 view.figures = worker_figures(rec.role, view.metrics)
     else:

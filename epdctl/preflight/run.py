@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from epdctl.fanout import fanout
+from epdctl.launchers.ssh.fanout import fanout
 from epdctl.preflight import links as links_mod
 from epdctl.preflight import targets
 from epdctl.preflight.links import LinkResult

@@ -131,7 +131,7 @@ class _SSHSpawned:
 
 @dataclass
 class SSHRunner:
-    """Runs over an ``epdctl.sshconn.SSHConnection`` (host keys checked there), after the
+    """Runs over an ``epdctl.launchers.ssh.conn.SSHConnection`` (host keys checked there), after the
     node's ``setup`` commands (e.g. activating the environment epdctl is installed in)."""
 
     node: str

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from epdctl.preflight.links import Endpoint, Placement
 from epdctl.preflight.node_checks import RDMA_KINDS, NicExpect, NodeExpect
 from epdctl.preflight.runners import LocalRunner, NodeRunner, SSHRunner
+from epdctl.state import worker_of
 
 
 def _role(value: Any) -> str:
@@ -22,7 +23,7 @@ def _role(value: Any) -> str:
 def placements(topo: Any, plan: Any = None) -> list[Placement]:
     """Every (worker, node rank) of the plan, or of the topology when no plan is given."""
     if plan is not None:
-        return [Placement(w.name.split(".r")[0], _role(w.role), w.node, int(w.node_rank or 0))
+        return [Placement(worker_of(w.name), _role(w.role), w.node, int(w.node_rank or 0))
                 for w in plan.workers]
     return [Placement(w.name, _role(w.role), node, rank)
             for w in topo.workers for rank, node in enumerate(w.nodes)]
@@ -116,8 +117,8 @@ def runners_for(topo: Any, ssh_options: Any = None) -> Mapping[str, NodeRunner]:
         # as the local launcher does: a bare python is the interpreter epdctl runs in
         python = sys.executable if topo.python in ("python", "python3") else topo.python
         return {n: LocalRunner(n, python=python) for n in names}
-    from epdctl.launchers.ssh import _options_from_env, nodes_from_topology
-    from epdctl.sshconn import ConnectionPool
+    from epdctl.launchers.ssh.nodes import nodes_from_topology, options_from_env as _options_from_env
+    from epdctl.launchers.ssh.conn import ConnectionPool
 
     access = nodes_from_topology(topo)
     pool = ConnectionPool(ssh_options or _options_from_env(None))

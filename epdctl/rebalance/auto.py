@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from epdctl.probes import get_loads, http
-from epdctl.rebalance.drain import metric_values, scrape
+from epdctl import metrics
 
 ROLES = ("encoder", "prefill", "decode")
 
@@ -113,7 +113,7 @@ class Collector:
                 continue
             counts[w.role] += 1
             if w.role == "encoder":
-                m = scrape(w.url)
+                m = metrics.worker(w.url)
                 queue["encoder"] += sum(v for k, v in m.items() if k.endswith("queue_depth"))
             else:
                 load = get_loads(w.url)
@@ -127,7 +127,7 @@ class Collector:
         r = http("GET", self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
         if not r.ok:
             return None
-        m = metric_values(r.body.decode(errors="replace"))
+        m = metrics.summed(r.body.decode(errors="replace"))
         cur = (m.get("smg_pd_ttft_seconds_sum", 0.0), m.get("smg_pd_ttft_seconds_count", 0.0))
         prev, self._ttft = self._ttft, cur
         if prev is None or cur[1] <= prev[1]:

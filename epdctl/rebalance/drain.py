@@ -10,16 +10,15 @@ API); it is idle once its queue is empty and its request counter stops moving.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any, Callable
 
+from epdctl import metrics
 from epdctl.errors import ProbeError
 from epdctl.probes import get_loads, http
 from epdctl.routerctl import RouterClient
 
 log = logging.getLogger(__name__)
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)\s*$")
 
 
 class DrainError(ProbeError):
@@ -118,25 +117,6 @@ def wait_loads_idle(url: str, timeout: float) -> None:
         raise DrainError(f"{url} still has requests in flight after {timeout:.0f}s (/v1/loads)")
 
 
-def metric_values(text: str) -> dict[str, float]:
-    """Prometheus text -> {series name: value summed over labels}."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line.strip())
-        if m and not line.startswith("#"):
-            try:
-                out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
-            except ValueError:
-                continue
-    return out
-
-
-def scrape(url: str) -> dict[str, float]:
-    """A worker's ``/metrics`` (empty when it serves none)."""
-    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
-    return metric_values(r.body.decode(errors="replace")) if r.ok else {}
-
-
 def _sum(values: dict[str, float], suffix: str) -> float:
     return sum(v for k, v in values.items() if k.endswith(suffix))
 
@@ -147,7 +127,7 @@ def wait_encoder_idle(url: str, timeout: float, quiet: float = 1.0) -> None:
     last: float | None = None
     since = time.monotonic()
     while time.monotonic() < deadline:
-        m = scrape(url)
+        m = metrics.worker(url)
         done = _sum(m, "requests_total")
         if _sum(m, "queue_depth") > 0 or done != last:
             last, since = done, time.monotonic()
@@ -159,7 +139,7 @@ def wait_encoder_idle(url: str, timeout: float, quiet: float = 1.0) -> None:
 
 def transfer_bytes(url: str) -> float:
     """Bytes this worker moved over its transport (sent + received), from ``/metrics``."""
-    m = scrape(url)
+    m = metrics.worker(url)
     return sum(v for k, v in m.items() if "transport_bytes" in k)
 
 

@@ -34,7 +34,7 @@ from epdctl.render import build_plan
 from epdctl.render.plan import Plan, WorkerSpec
 from epdctl.topology.restart import RestartPolicy
 from epdctl.routerctl import RouterClient
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.state import ClusterDir, ClusterState, ProcessRecord, worker_of
 from epdctl.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ def _extra_ports_free(rp: RebalancePlan) -> None:
 
 
 def _specs(plan: Plan, worker: str) -> list[WorkerSpec]:
-    specs = [w for w in plan.workers if w.name == worker or w.name.startswith(worker + ".r")]
+    specs = [w for w in plan.workers if worker_of(w.name) == worker]
     if not specs:
         raise LaunchError(f"worker {worker} is not in the rendered plan")
     return sorted(specs, key=lambda w: w.node_rank)

@@ -89,8 +89,11 @@ class SlurmLauncher:
         if self._alloc is not None:
             return self._alloc
         if self._alloc_file.exists():
-            self._alloc = Allocation(**json.loads(self._alloc_file.read_text()))
-            return self._alloc
+            recorded = Allocation(**json.loads(self._alloc_file.read_text()))
+            if self.topology is None or jobs.poll([recorded.job])[recorded.job].state == "RUNNING":
+                self._alloc = recorded
+                return recorded
+            self._alloc_file.unlink()  # an allocation that ended since: get a new one
         if self.topology is None:
             raise LaunchError(f"no SLURM allocation is recorded in {self._alloc_file}")
         adopted = os.environ.get("SLURM_JOB_ID")

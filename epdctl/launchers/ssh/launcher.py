@@ -1,7 +1,7 @@
 """Run workers on other machines over SSH (the ``ssh`` launcher); see docs/ssh.md.
 
 Per node, every operation is one SSH command running the agent (``ssh_agent.py``) after the
-node's setup lines; nodes are handled in parallel (``epdctl.fanout``) and one node's failure
+node's setup lines; nodes are handled in parallel (``epdctl.launchers.ssh.fanout``) and one node's failure
 never hides another's. Before the first start, every node's epdctl version must equal the
 local one: the workers need torch and the runtime on the node, which no shipped zipapp could
 carry, so a mismatch is refused with both versions rather than papered over.
@@ -24,30 +24,24 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import epdctl
 from epdctl.errors import LaunchError
-from epdctl.fanout import fanout, raise_if_failed
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
 from epdctl.launchers.base import Results, Status, cluster_id, new_token, supervision_env
 from epdctl.state import Handle, ProcessRecord
-from epdctl.launchers.ssh_nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
+from epdctl.launchers.ssh.nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
                                         options_from_env, ports_of, run_agent, save_nodes)
-from epdctl.sshconn import ConnectionPool, SSHOptions
+from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
 
 log = logging.getLogger(__name__)
-_options_from_env = options_from_env  # the name epdctl.preflight.targets imports
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
-SUPERVISOR_SOURCE = (Path(__file__).parent / "supervise.py").read_text()
+SUPERVISOR_SOURCE = (Path(__file__).parents[1] / "supervise.py").read_text()
 MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `epdctl logs`)
 
 
 class SSHLauncher:
-    """Start, watch and stop workers on remote nodes; implements the Launcher protocol.
-
-    Built either explicitly (``topology`` or ``nodes``, and ``cluster_dir``) or with no arguments, as
-    the commands do: then the cluster is found from the first handle's log path, and its
-    nodes from ``ssh-nodes.json`` there (or from the topology that ``state.json`` names).
-    """
+    """The launcher contract over SSH. With a topology (`up`, `rebalance`) the node list is
+    written to ``ssh-nodes.json`` in the run folder; without one it is read back from there."""
 
     name = "ssh"
-
     runs_here = False
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,

@@ -1,6 +1,10 @@
-"""Scrape Prometheus ``/metrics`` before and after a run and keep what the run changed.
+"""Prometheus text, parsed and scraped: the one module `status`, the canaries, `rebalance`
+and `bench` read ``/metrics`` pages with (the runtime, which never imports the control plane,
+only writes them).
 
-Why deltas: workers' counters and histograms are cumulative since start (the canary, earlier
+``parse`` keeps every series with its labels; ``summed`` adds the label sets of each metric;
+``page`` and ``worker`` fetch one page; ``scrape`` fetches many for `bench`, where ``delta``
+keeps what a run changed. Why deltas: workers' counters and histograms are cumulative since start (the canary, earlier
 runs), so only the difference between two scrapes belongs to this run. Counters, histogram
 ``_sum``/``_count`` and ``_total`` series are differenced; buckets are dropped (the client has
 exact per-request latencies). Works for the embedded workers (``epd_*``) and smg (``smg_*``).
@@ -28,7 +32,7 @@ class Endpoint:
     url: str  # full URL of the metrics page
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
+def parse(text: str) -> dict[str, float]:
     """``name{labels}`` -> value for every sample line (comments and bad lines skipped)."""
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -44,6 +48,27 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return out
 
 
+def summed(text: str) -> dict[str, float]:
+    """Prometheus text -> {metric name: value summed over its label sets}."""
+    out: dict[str, float] = {}
+    for series, value in parse(text).items():
+        name = series.split("{", 1)[0]
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def page(url: str, timeout: float = 3.0) -> dict[str, float] | None:
+    """One metrics page (full URL), parsed; None when it does not answer."""
+    r = http("GET", url, timeout=timeout)
+    return parse(r.body.decode(errors="replace")) if r.ok else None
+
+
+def worker(url: str, timeout: float = 5.0) -> dict[str, float]:
+    """A worker's ``/metrics`` summed by metric name (empty when it serves none)."""
+    r = http("GET", url.rstrip("/") + "/metrics", timeout=timeout)
+    return summed(r.body.decode(errors="replace")) if r.ok else {}
+
+
 def _cumulative(series: str) -> bool:
     name = series.split("{", 1)[0]
     return name.endswith(("_total", "_sum", "_count")) and not name.endswith("_bucket")
@@ -57,7 +82,7 @@ def scrape(endpoints: list[Endpoint]) -> dict[str, dict[str, float]]:
         if not r.ok:
             log.info("metrics %s (%s) not scraped: HTTP %s %s", ep.name, ep.url, r.status, r.error)
             continue
-        out[ep.name] = parse_prometheus(r.body.decode(errors="replace"))
+        out[ep.name] = parse(r.body.decode(errors="replace"))
     return out
 
 

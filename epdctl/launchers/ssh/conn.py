@@ -5,7 +5,7 @@ impostor would hand it the cluster. Keys are checked against known_hosts with a 
 ``accept_new_host_keys`` trusts (and records) keys of hosts never seen before, but a key that
 differs from a recorded one is always refused, as OpenSSH's ``accept-new`` does.
 
-Where to connect comes from ``epdctl.sshconfig`` (topology, then ~/.ssh/config). Errors are
+Where to connect comes from ``epdctl.launchers.ssh.config`` (topology, then ~/.ssh/config). Errors are
 ``SSHError`` with a ``[node]`` prefix and say what to do; no key material or secret is ever
 put in a message or a log.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import paramiko
 
-from epdctl.sshconfig import SSHError, SSHOptions, SSHTarget, host_key_name, resolve
+from epdctl.launchers.ssh.config import SSHError, SSHOptions, SSHTarget, host_key_name, resolve
 
 log = logging.getLogger(__name__)
 _KNOWN_HOSTS_LOCK = threading.Lock()

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from epdctl.errors import LaunchError
-from epdctl.launchers import ssh_agent
-from epdctl.sshconfig import SSHOptions, SSHTarget, default_known_hosts, parse_destination
+from epdctl.launchers.ssh import agent as ssh_agent
+from epdctl.launchers.ssh.config import SSHOptions, SSHTarget, default_known_hosts, parse_destination
 
 NODES_FILE = "ssh-nodes.json"
 _AGENT_SOURCE = Path(ssh_agent.__file__).read_text()
