@@ -53,6 +53,20 @@ def _check_ports_free(plan: Any) -> None:
                           "topology's ports")
 
 
+def _as_started(plan: Any, state: ClusterState) -> Any:
+    """The plan with the address each process was started at (a launcher may choose it: the
+    SLURM launcher puts workers on the allocated nodes), for the endpoint line and the canary."""
+    import dataclasses
+
+    by = {p.name: p for p in state.processes}
+
+    def fix(spec: Any, name: str) -> Any:
+        rec = by.get(name)
+        return dataclasses.replace(spec, url=rec.url, host=rec.host) if rec else spec
+    return dataclasses.replace(plan, workers=[fix(w, w.name) for w in plan.workers],
+                               router=fix(plan.router, "router") if plan.router else None)
+
+
 def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
     old = cdir.load()
     if old is None:
@@ -100,6 +114,8 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
         raise LaunchError(f"the router's API key variable {api_key_env} (router.api_key_env in "
                           f"{topology}) is not set; export it before `epdctl up`")
     launcher = get_launcher(name, cdir.root, topo, accept_new_host_keys)
+    if hasattr(launcher, "wait_limit"):  # --timeout also bounds a batch job's wait in the queue
+        launcher.wait_limit = timeout
     try:
         with cdir.lock("up"):
             _refuse_if_running(cdir, launcher)
@@ -116,6 +132,7 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
             BringUp(launcher, cdir, state, timeout=timeout, on_event=Progress()).run(plan)
     finally:
         launcher.close()
+    plan = _as_started(plan, state)  # SLURM: the allocated nodes' addresses, not the plan's
     click.secho(f"cluster {topo.name} is up in {time.monotonic() - t0:.1f}s", fg="green")
     if plan.router:
         click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")

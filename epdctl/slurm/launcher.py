@@ -84,8 +84,12 @@ class SlurmLauncher:
             raise LaunchError("the slurm launcher needs the cluster's run folder")
         return self.cluster_dir / ALLOC_FILE
 
-    def allocation(self, timeout: float = 600.0) -> Allocation:
-        """The cluster's allocation: recorded, adopted from $SLURM_JOB_ID, or submitted now."""
+    wait_limit = 600.0   # seconds a submitted job may wait in the queue (`up --timeout` sets it)
+
+    def allocation(self, timeout: float | None = None) -> Allocation:
+        """The cluster's allocation: recorded, adopted from $SLURM_JOB_ID, or submitted now
+        (waiting at most ``timeout``, default ``wait_limit`` seconds, for it to run)."""
+        timeout = self.wait_limit if timeout is None else timeout
         if self._alloc is not None:
             return self._alloc
         if self._alloc_file.exists():
@@ -130,7 +134,8 @@ class SlurmLauncher:
                 raise LaunchError(f"SLURM job {job} ended as {info.state} before it ran")
             if time.monotonic() - t0 > timeout:
                 raise LaunchError(f"SLURM job {job} still {info.state} ({info.reason}) after "
-                                  f"{timeout:.0f}s")
+                                  f"{timeout:.0f}s in the queue; it was cancelled. Raise "
+                                  f"--timeout, or check the queue with `squeue -j {job}`")
             time.sleep(0.3)
         topo = self.topology
         plan = _plan(topo)
