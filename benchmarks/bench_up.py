@@ -90,7 +90,7 @@ def one_run(path: Path, order: str, state_root: Path) -> dict[str, float]:
         return {"up_s": up_s, "slowest_worker_s": max(own.values()),
                 "ratio": up_s / max(own.values())}
     finally:
-        res = tear_down(state, launcher)
+        res, _ = tear_down(state, launcher)
         launcher.close()
         if not res.all_ok:
             sys.exit(f"could not stop the bench cluster: {res.failed}")

@@ -23,7 +23,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("render", "render"),
     "up": ("cluster", "up"),
     "status": ("cluster", "status"),
-    "down": ("cluster", "down"),
+    "down": ("down", "down"),
     "logs": ("cluster", "logs"),
     "check": ("check", "check"),
     "diagnose": ("diagnose", "diagnose"),

@@ -54,6 +54,7 @@ class Handle:
     host: str | None = None
     job: str | None = None
     step: str | None = None
+    token: str | None = None      # the EPDCTL_TOKEN marker the process carries (its identity)
 
     @property
     def step_id(self) -> str | None:
@@ -86,6 +87,7 @@ class ProcessRecord:
     since: float = 0.0
     handle: Handle | None = None
     router_id: str | None = None   # smg worker id when registered through POST /workers
+    restart: dict[str, Any] = field(default_factory=dict)  # policy, limit, backoff (supervise.py)
 
     def __post_init__(self) -> None:
         self.worker = self.worker or self.name
@@ -113,6 +115,8 @@ class ProcessRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ProcessRecord":
+        if not isinstance(d, dict):
+            raise ValueError("a process record is not an object")
         known = {f for f in cls.__dataclass_fields__}
         args = {k: v for k, v in d.items() if k in known}
         if isinstance(args.get("handle"), dict):
@@ -163,6 +167,8 @@ class ClusterState:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ClusterState":
+        if not isinstance(d.get("processes", []), list):
+            raise ValueError("processes is not a list")
         procs = [ProcessRecord.from_dict(p) for p in d.get("processes", [])]
         known = {f for f in cls.__dataclass_fields__} - {"processes"}
         return cls(processes=procs, **{k: v for k, v in d.items() if k in known})
@@ -203,15 +209,16 @@ class ClusterDir:
         return self.state_file.exists()
 
     def load(self) -> ClusterState | None:
-        """The recorded state, or None when nothing is recorded; StateError if unreadable."""
+        """The recorded state, or None when nothing is recorded; StateError if unreadable
+        (any bytes: not UTF-8, not JSON, wrong types) naming `down --force` as the way out."""
         try:
-            text = self.state_file.read_text()
+            raw = self.state_file.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as e:
             raise StateError(f"cannot read {self.state_file}: {e.strerror}") from e
         try:
-            data = json.loads(text)
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict):
                 raise ValueError("top level is not an object")
             if data.get("version") == 1:
@@ -220,11 +227,16 @@ class ClusterDir:
                 data = upgrade_v1(data)
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"unknown state version {data.get('version')!r}")
-            return ClusterState.from_dict(data)
-        except (ValueError, TypeError, KeyError) as e:
+            state = ClusterState.from_dict(data)
+            from epdctl.state_check import check_state
+
+            check_state(state)
+            return state
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise StateError(
-                f"cluster state {self.state_file} is corrupt ({e}). Stop any processes it "
-                f"listed by hand (see logs in {self.log_dir}), then delete {self.root}"
+                f"cluster state {self.state_file} is damaged ({str(e)[:200]}). `epdctl down "
+                f"{self.name} --force` stops every process that carries the cluster's marker "
+                f"(nothing else) and forgets the state; logs stay in {self.log_dir}"
             ) from e
 
     def save(self, state: ClusterState) -> None:
@@ -248,6 +260,21 @@ class ClusterDir:
         with contextlib.suppress(FileNotFoundError):
             self.state_file.unlink()
         _refresh_sd(self, None)
+
+    def lock_holder(self) -> str | None:
+        """Who holds the cluster's lock now (``epdctl up, pid N``), None when nobody does: a
+        state left 'starting' with no holder was left by an `up` that was killed."""
+        if not self.lock_file.exists():
+            return None
+        fd = os.open(self.lock_file, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+            return None
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def lock(self, command: str, timeout: float = 0.0) -> Iterator[None]:

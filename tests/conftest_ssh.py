@@ -73,11 +73,15 @@ def node_access(sshd: SshdNodes, setup: tuple[str, ...] = (),
 
 
 def processes_with(marker: str) -> list[psutil.Process]:
-    """Live processes whose command line contains ``marker`` (what a test started)."""
+    """Live processes whose command line contains ``marker`` (what a test started; not the
+    supervisor that runs it, whose command line names it too)."""
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in " ".join(p.info["cmdline"] or ()):
+            cmd = " ".join(p.info["cmdline"] or ())
+            if "supervise" in cmd:
+                continue
+            if p.info["status"] != psutil.STATUS_ZOMBIE and marker in cmd:
                 found.append(p)
         except psutil.Error:
             continue

@@ -226,7 +226,7 @@ def test_tear_down_of_a_recorded_state_from_a_new_launcher(state_dir: Path) -> N
     BringUp(LocalLauncher(), cdir, st, timeout=60).run(plan)
     saved = cdir.load()
     assert saved is not None
-    res = tear_down(saved, LocalLauncher())
+    res, _ = tear_down(saved, LocalLauncher())
     assert res.all_ok and _no_process_left(saved)
 
 

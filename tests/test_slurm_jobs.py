@@ -214,7 +214,8 @@ def test_worker_dying_after_ready_is_dead_and_the_others_keep_running(
     try:
         assert all(s.alive for s in lau.poll(state.processes).ok.values())
         victims = [p for p in psutil.process_iter(["cmdline"])
-                   if "37200" in (p.info["cmdline"] or []) and "-c" in (p.info["cmdline"] or [])]
+                   if "37200" in (p.info["cmdline"] or []) and "-c" in (p.info["cmdline"] or [])
+                   and "epdctl.launchers.supervise" not in (p.info["cmdline"] or [])]
         assert len(victims) == 1
         victims[0].kill()
         deadline = time.monotonic() + 60
@@ -226,3 +227,23 @@ def test_worker_dying_after_ready_is_dead_and_the_others_keep_running(
     finally:
         assert lau.stop(state.processes, grace=5).all_ok
         lau.release()
+
+
+def test_up_timeout_bounds_the_wait_in_the_queue(cluster: SlurmCluster, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that may start only in an hour (``--begin``: pending, but not hopeless) is
+    cancelled once `up --timeout` (the launcher's wait_limit) has passed, with a message."""
+    monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "state"))
+    topo, plan = _cheap_plan({})
+    topo = dataclasses.replace(topo, slurm=dataclasses.replace(
+        topo.slurm, extra={**topo.slurm.extra, "begin": "now+3600"}))
+    _cdir, _state, lau, up = _bring_up(topo, plan, "slurm-local-queued")
+    lau.wait_limit = 4
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        up.run(plan)
+    assert time.monotonic() - t0 < 60
+    msg = str(info.value)
+    assert "in the queue; it was cancelled. Raise --timeout" in msg, msg
+    job = msg.split("SLURM job ", 1)[1].split()[0]
+    assert not jobs.poll([job])[job].active

@@ -104,9 +104,33 @@ def test_host_key_mismatch_is_refused_even_with_accept_new(sshd, tmp_path):
     before = kh.read_text()
     for accept in (False, True):
         opts = SSHOptions(known_hosts=(str(kh),), ssh_config=None, accept_new_host_keys=accept)
-        with pytest.raises(SSHError, match=r"^\[node0\] HOST KEY MISMATCH for \[127\.0\.0\.2\]"):
+        with pytest.raises(SSHError, match=r"^\[node0\] HOST KEY MISMATCH for \[127\.0\.0\.2\]") as e:
             SSHConnection(target(sshd, 0), opts).open()
+        # the advice edits the file that holds the entry, not ~/.ssh/known_hosts
+        assert f"ssh-keygen -f '{kh}' -R '[127.0.0.2]:{sshd.port}'" in str(e.value)
     assert kh.read_text() == before
+
+
+def test_status_from_another_shell_uses_the_known_hosts_up_used(sshd, ssh_options, tmp_path,
+                                                                monkeypatch):
+    """`up` ran with EPDCTL_KNOWN_HOSTS set; a later shell without it still verifies the
+    nodes against that file (recorded in ssh-nodes.json) instead of failing on unknown keys."""
+    marker = f"epd-h5-{uuid.uuid4().hex}"
+    lau = launcher(sshd, ssh_options, tmp_path)
+    recs = [spec("w0", "encoder", "node0", sleeper(marker), tmp_path)]
+    try:
+        assert started(lau, recs).all_ok
+        monkeypatch.delenv("EPDCTL_KNOWN_HOSTS", raising=False)
+        monkeypatch.setenv("HOME", str(tmp_path / "empty-home"))
+        other = SSHLauncher(tmp_path / "clusters" / "t")   # as `status` builds it
+        try:
+            assert other.options.known_hosts == ssh_options.known_hosts
+            assert other.poll(recs).ok["w0"].alive
+        finally:
+            other.close()
+    finally:
+        lau.stop(recs, grace=1)
+        lau.close()
 
 
 def test_unknown_host_key_refused_then_accepted_with_flag(sshd, tmp_path):

@@ -106,16 +106,50 @@ def test_lock_is_exclusive_within_one_process_too(tmp_path: Path) -> None:
     ('{"version": 99}', "unknown state version"),
     ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": [{"pid": 1}]}',
      "missing"),
+    ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": {}}',
+     "processes is not a list"),
+    ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": [7]}',
+     "not an object"),
+    ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": [{"name": "a",'
+     ' "role": "decode", "node": "n", "handle": {"pid": "123", "pgid": 1}}]}',
+     "handle.pid is str"),
+    ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": [{"name": "a",'
+     ' "role": "decode", "node": "n", "handle": {"pid": true, "pgid": 1}}]}',
+     "handle.pid is bool"),
+    ('{"version": 2, "name": "x", "topology": "t", "launcher": "l", "processes": [{"name": "a",'
+     ' "role": "decode", "node": "n", "handle": {"pid": 1, "pgid": 1, "create_time": "x"}}]}',
+     "handle.create_time is str"),
+    ("\x89\xff\xfe\x00garbage", "utf-8"),
 ])
 def test_corrupt_state_gives_a_clear_error(tmp_path: Path, content: str, why: str) -> None:
     cd = ClusterDir("demo", tmp_path)
     cd.root.mkdir(parents=True)
-    cd.state_file.write_text(content)
+    cd.state_file.write_bytes(content.encode("latin-1"))
     with pytest.raises(StateError) as e:
         cd.load()
     msg = str(e.value)
-    assert "corrupt" in msg and str(cd.state_file) in msg and "delete" in msg
+    assert "damaged" in msg and str(cd.state_file) in msg and "down demo --force" in msg
     assert why in msg
+
+
+def test_random_bytes_never_escape_as_anything_but_state_error(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(14)
+    cd = ClusterDir("demo", tmp_path)
+    cd.root.mkdir(parents=True)
+    good = ('{"version": 2, "name": "x", "topology": "t", "launcher": "local", "processes": '
+            '[{"name": "a", "role": "decode", "node": "n", "handle": {"pid": 5, "pgid": 5}}]}')
+    for i in range(400):
+        data = bytearray(good.encode())
+        for _ in range(rng.randint(1, 6)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        cd.state_file.write_bytes(bytes(data[: rng.randint(0, len(data))] if i % 3 == 0
+                                        else data))
+        try:
+            cd.load()
+        except StateError:
+            pass
 
 
 def test_missing_state_is_none_and_resolve_explains(tmp_path: Path) -> None:

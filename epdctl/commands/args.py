@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import click
+
+from epdctl.state import list_clusters
+
 
 def cluster_arg(arg: str | None) -> str | None:
     """CLUSTER or TOPOLOGY file -> cluster name (a topology's cluster is named after it)."""
@@ -12,3 +16,11 @@ def cluster_arg(arg: str | None) -> str | None:
 
         return load_topology(Path(arg)).name
     return arg
+
+
+def complete_cluster(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion: recorded cluster names."""
+    try:
+        return [n for n in list_clusters() if n.startswith(incomplete)]
+    except OSError:
+        return []

@@ -13,27 +13,19 @@ import click
 
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
-from epdctl.launchers.lifecycle import BringUp, tear_down
+from epdctl.launchers.lifecycle import BringUp
 from epdctl.launchers.observe import observe
 from epdctl.prometheus_sd import register as register_sd
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 from epdctl.topology.schema import LAUNCHERS
 
-from epdctl.commands.args import cluster_arg as _cluster_arg
+from epdctl.commands.args import cluster_arg as _cluster_arg, complete_cluster
 from epdctl.commands.preflight_gate import preflight_before_up
 from epdctl.commands.render_status import Progress, render_status
 
 
 _SD_HELP = ("Write Prometheus file_sd targets (every worker and the router, labels cluster/role/worker/node) "
             "to this file and keep it current as the cluster changes.")
-
-
-def complete_cluster(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[str]:
-    """Shell completion: recorded cluster names."""
-    try:
-        return [n for n in list_clusters() if n.startswith(incomplete)]
-    except OSError:
-        return []
 
 
 def _load_plan(path: Path) -> tuple[Any, Any]:
@@ -65,6 +57,20 @@ def _check_ports_free(plan: Any) -> None:
         raise LaunchError("ports already in use (another cluster or program holds them):\n"
                           + "\n".join(busy) + "\nstop it (`epdctl down`) or change the "
                           "topology's ports")
+
+
+def _as_started(plan: Any, state: ClusterState) -> Any:
+    """The plan with the address each process was started at (a launcher may choose it: the
+    SLURM launcher puts workers on the allocated nodes), for the endpoint line and the canary."""
+    import dataclasses
+
+    by = {p.name: p for p in state.processes}
+
+    def fix(spec: Any, name: str) -> Any:
+        rec = by.get(name)
+        return dataclasses.replace(spec, url=rec.url, host=rec.host) if rec else spec
+    return dataclasses.replace(plan, workers=[fix(w, w.name) for w in plan.workers],
+                               router=fix(plan.router, "router") if plan.router else None)
 
 
 def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
@@ -116,6 +122,8 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
         raise LaunchError(f"the router's API key variable {api_key_env} (router.api_key_env in "
                           f"{topology}) is not set; export it before `epdctl up`")
     launcher = get_launcher(name, cdir.root, topo, accept_new_host_keys)
+    if hasattr(launcher, "wait_limit"):  # --timeout also bounds a batch job's wait in the queue
+        launcher.wait_limit = timeout
     try:
         with cdir.lock("up"):
             _refuse_if_running(cdir, launcher)
@@ -134,6 +142,7 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
             BringUp(launcher, cdir, state, timeout=timeout, on_event=Progress()).run(plan)
     finally:
         launcher.close()
+    plan = _as_started(plan, state)  # SLURM: the allocated nodes' addresses, not the plan's
     click.secho(f"cluster {topo.name} is up in {time.monotonic() - t0:.1f}s", fg="green")
     if plan.router:
         click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")
@@ -174,6 +183,10 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
             view = observe(state, launcher, tail_lines=lines)
         finally:
             launcher.close()
+        if state.phase == "starting" and cdir.lock_holder() is None:
+            view.phase = "failed"
+            view.problem = (f"`epdctl up` ended before the cluster was ready (killed?); "
+                            f"`epdctl down {state.name}` stops what it started")
         if as_json:
             click.echo(json.dumps(view.to_dict(), indent=2))
         else:
@@ -185,46 +198,6 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
         time.sleep(interval)
     if not view.healthy:
         raise SystemExit(1)
-
-
-@click.command()
-@click.argument("cluster", required=False, shell_complete=complete_cluster)
-@click.option("--grace", type=float, default=15.0, show_default=True,
-              help="Seconds to wait after SIGTERM before SIGKILL.")
-def down(cluster: str | None, grace: float) -> None:
-    """Stop every recorded process of CLUSTER and confirm nothing remains (idempotent)."""
-    name = _cluster_arg(cluster)
-    if name is None:
-        names = list_clusters()
-        if not names:
-            click.echo(f"no cluster is recorded under {state_root()}; nothing to stop")
-            return
-        cdir = resolve_cluster(None)
-    else:
-        cdir = ClusterDir(name)
-    with cdir.lock("down"):
-        state = cdir.load()
-        if state is None:
-            click.echo(f"cluster {cdir.name!r}: nothing recorded; nothing to stop")
-            return
-        state.phase = "stopping"
-        cdir.save(state)
-        launcher = get_launcher(state.launcher, cdir.root)
-        click.echo(f"stopping cluster {state.name} ({len(state.processes)} processes) ...")
-        t0 = time.monotonic()
-        try:
-            res = tear_down(state, launcher, grace=grace)
-            polled = launcher.poll(state.processes)
-            left = [n for n, st in polled.ok.items() if st.alive] + list(polled.failed)
-        finally:
-            launcher.close()
-        if left or not res.all_ok:
-            res.raise_if_failed(f"stopping cluster {state.name}")
-            raise LaunchError(f"still running after down: {', '.join(left)}; run "
-                              f"`epdctl down {state.name}` again")
-        cdir.clear()
-    click.secho(f"cluster {state.name} stopped in {time.monotonic() - t0:.1f}s; no recorded "
-                "process remains", fg="green")
 
 
 def _log_dir_cluster(name: str | None) -> ClusterDir:
@@ -285,10 +258,18 @@ def _live_logs(cdir: ClusterDir, state: ClusterState, worker: str | None, follow
         raise EpdctlError(f"--follow on a {state.launcher} cluster follows one worker: name it "
                           f"(one of {', '.join(recs)})")
     prefix = len(chosen) > 1
+    unread: list[str] = []
     try:
         for w in chosen:
-            for ln in launcher.logs(recs[w], lines).splitlines():
+            try:
+                text = launcher.logs(recs[w], lines)
+            except LaunchError as e:  # one unreachable node never hides the other logs
+                unread.append(f"[{w}] {str(e).splitlines()[0]}")
+                continue
+            for ln in text.splitlines():
                 click.echo(f"[{w}] {ln}" if prefix else ln)
+        if unread:
+            raise LaunchError("could not read every log:\n  " + "\n  ".join(unread))
         if follow and len(chosen) == 1:
             for ln in launcher.follow(recs[chosen[0]]):
                 click.echo(ln)

@@ -81,21 +81,22 @@ def render_figures(view: ClusterView) -> list[str]:
 
 def render_status(view: ClusterView, color: bool = True) -> str:
     """The table, per-role summary lines and the log tails of dead workers."""
-    head = ("WORKER", "ROLE", "NODE", "PID", "UPTIME", "HEALTH", "RUN/WAIT", "ROUTER")
+    head = ("WORKER", "ROLE", "NODE", "PID", "UPTIME", "HEALTH", "RESTARTS", "RUN/WAIT", "ROUTER")
     rows: list[tuple[tuple[str, ...], str | None]] = []
     for w in view.workers:
         health, colour = _health_cell(w)
         load = f"{w.load.running}/{w.load.waiting}" if w.load else "-"
         rows.append(((w.name, w.role, w.node, str(w.pid), fmt_uptime(w.uptime_s), health,
-                      load, w.router), colour))
+                      str(w.restarts), load, w.router), colour))
     widths = [max(len(head[i]), *(len(r[i]) for r, _ in rows)) if rows else len(head[i])
               for i in range(len(head))]
 
     def line(cells: tuple[str, ...]) -> str:
         return "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
 
-    out = [f"cluster {view.name}  ({view.phase}, launcher {view.launcher}, {view.topology})", "",
-           line(head)]
+    out = [f"cluster {view.name}  ({view.phase}, launcher {view.launcher}, {view.topology})"]
+    out += [f"  {view.problem}"] if view.problem else []
+    out += ["", line(head)]
     for cells, colour in rows:
         text = line(cells)
         out.append(click.style(text, fg=colour) if color and colour != "green" else text)
@@ -108,6 +109,10 @@ def render_status(view: ClusterView, color: bool = True) -> str:
         out.append(f"router view: {state}" + (f" ({view.router_detail})"
                                               if view.router_detail else ""))
     out += render_figures(view)
+    restarted = [w for w in view.workers if w.last_exit]
+    if restarted:
+        out += ["", "last exits (the supervisor restarts a worker that dies after it was healthy):"]
+        out += [f"  {w.name}: {w.last_exit}; restarted {w.restarts} time(s)" for w in restarted]
     for w in view.workers:
         if not w.alive:
             out += ["", f"--- {w.name} is dead; last lines of {w.log}:",

@@ -14,8 +14,11 @@ build the launcher from the run folder alone.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import secrets
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
@@ -33,6 +36,11 @@ BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ
             "CUDA_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS",
             "SSL_CERT_FILE", "SLURM_CONF")
 BASE_ENV_PREFIXES = ("EPDCTL_", "NCCL_", "MC_", "SGLANG_", "VLLM_")
+# Every process a launcher starts runs under the supervisor (launchers/supervise.py) and
+# carries these markers in its environment: its identity, which `down` verifies before it
+# signals anything and searches for when state.json is damaged or gone.
+MARKER_CLUSTER, MARKER_WORKER, MARKER_TOKEN = "EPDCTL_CLUSTER", "EPDCTL_WORKER", "EPDCTL_TOKEN"
+SUPERVISOR = ("-m", "epdctl.launchers.supervise", "--")
 
 
 @dataclass(frozen=True)
@@ -42,6 +50,8 @@ class Status:
     alive: bool
     exit_code: int | str | None = None    # when the launcher knows it
     tail: str = ""                       # last lines of the log of a dead process
+    restarts: int = 0                    # times the supervisor restarted it
+    last_exit: str | None = None         # why its last run ended ("killed by signal 9 ...")
 
 
 @dataclass
@@ -108,6 +118,11 @@ class Launcher(Protocol):
         """Drop connections (ssh); the cluster keeps running."""
         ...
 
+    def orphans(self) -> list[ProcessRecord]:
+        """Processes carrying this cluster's marker, found without the state (for `down` when
+        state.json is damaged, emptied or gone); LaunchError when a place cannot be searched."""
+        ...
+
 
 def key_vars(argv: Sequence[str]) -> list[str]:
     """The variables a process reads the cluster's API key from, by name: an embedded worker's
@@ -127,6 +142,42 @@ def worker_env(spec_env: Mapping[str, str], where: str,
     env.update(expand_env(spec_env, where, source))
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
+
+
+def cluster_id(cluster_dir: Path | None) -> str:
+    """The value of the EPDCTL_CLUSTER marker: the cluster's name, the machine epdctl runs on
+    and its run folder, so two state folders (or machines) with a cluster of the same name
+    never claim each other's processes."""
+    if cluster_dir is None:
+        return ""
+    root = Path(cluster_dir).expanduser().absolute()
+    return f"{root.name}@{socket.gethostname()}:{root}"
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def supervision_env(cluster: str, rec: ProcessRecord, token: str, pid_file: str) -> dict[str, str]:
+    """The markers and the supervisor's settings for one process (environment, never argv)."""
+    env = {MARKER_CLUSTER: cluster, MARKER_WORKER: rec.name, MARKER_TOKEN: token,
+           "EPDCTL_RESTART": json.dumps(rec.restart or {}), "EPDCTL_PID_FILE": pid_file}
+    if rec.is_leader and rec.url:
+        env["EPDCTL_HEALTH_URL"] = rec.url.rstrip("/") + rec.health_path
+    return env
+
+
+def read_pid_file(path: Path, token: str | None) -> tuple[int, str | None]:
+    """(restarts, last exit cause) from the supervisor's pid file, when the file belongs to
+    the process with ``token``; (0, None) otherwise."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0, None
+    if not (isinstance(doc, dict) and token and doc.get("token") == token):
+        return 0, None
+    n, last = doc.get("restarts"), doc.get("last_exit")
+    return (n if isinstance(n, int) else 0), (last if isinstance(last, str) else None)
 
 
 def by_name(recs: Sequence[ProcessRecord]) -> dict[str, ProcessRecord]:

@@ -52,6 +52,8 @@ def records_of(plan: Plan, engine: str, cdir: ClusterDir) -> list[ProcessRecord]
     recs = [ProcessRecord.of(w, engine, cdir.log(w.name)) for w in plan.workers]
     if plan.router is not None:
         recs.append(ProcessRecord.of(plan.router, engine, cdir.log("router")))
+    for rec in recs:
+        rec.restart = dict(getattr(plan, "restart", {}).get(rec.role, {}))
     return recs
 
 
@@ -222,10 +224,25 @@ class BringUp:
             f"it is still loading. Last lines of {rec.log}:\n{tail(Path(rec.log), 15)}")
 
 
-def tear_down(state: ClusterState, launcher: Launcher, grace: float = 15.0) -> Results[None]:
-    """Stop every recorded process (all at once: smg alone takes 5-8 s to exit), then give
-    back what `up` acquired (a SLURM allocation) when everything stopped."""
-    res = launcher.stop(state.processes, grace=grace)
+def tear_down(state: ClusterState | None, launcher: Launcher, grace: float = 15.0
+              ) -> tuple[Results[None], list[ProcessRecord]]:
+    """Stop every recorded process (all at once: smg alone takes 5-8 s to exit), then every
+    process still carrying the cluster's marker (a state emptied, edited, damaged or deleted
+    leaves some unrecorded); then give back what `up` acquired (a SLURM allocation) when
+    everything stopped. Returns the results and the unrecorded processes that were found."""
+    recs = list(state.processes) if state is not None else []
+    res = launcher.stop(recs, grace=grace) if recs else Results[None]()
+    try:
+        strays = launcher.orphans()
+        sweep_error: LaunchError | None = None
+    except LaunchError as e:
+        strays, sweep_error = list(getattr(e, "found", [])), e
+    if strays:
+        more = launcher.stop(strays, grace=grace)
+        res.failed.update({f"{r.node}/{r.name} (unrecorded)": more.failed[r.name]
+                           for r in strays if r.name in more.failed})
+    if sweep_error is not None:
+        res.failed["(search)"] = sweep_error
     if res.all_ok:
         launcher.release()
-    return res
+    return res, strays

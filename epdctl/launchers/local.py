@@ -1,9 +1,11 @@
 """Run workers as local processes, each in its own session and process group.
 
 Why process groups: a worker may spawn helpers (smg starts threads, a runtime may fork), and
-`down` must take the whole tree. Why the create-time check: pids are reused, and epdctl must
-never signal a process it did not start; a group is only signalled while some member of it was
-created at or after the recorded start of its leader.
+`down` must take the whole tree; the supervisor (supervise.py) leads the group. Why the
+identity check: pids are reused and state files can be edited, and epdctl must never signal a
+process it did not start; a group is only signalled while some member of it was created at or
+after the recorded start of its leader AND carries the recorded ``EPDCTL_TOKEN`` marker.
+Pid files: ``clusters/<name>/run/<worker>.pid.json``, written by the supervisor.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any, Iterator, Sequence
 import psutil
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import Results, Status, expand_argv, key_vars, tail, worker_env
+from epdctl.launchers.base import (MARKER_CLUSTER, MARKER_TOKEN, MARKER_WORKER, SUPERVISOR,
+                                   Results, Status, cluster_id, expand_argv, new_token, read_pid_file, key_vars,
+                                   supervision_env, tail, worker_env)
 from epdctl.state import Handle, ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -61,7 +65,9 @@ class LocalLauncher:
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
                  accept_new_host_keys: bool = False):
         self.cluster_dir = cluster_dir
+        self.cluster = cluster_id(cluster_dir)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._marks: dict[tuple[int, float], str | None] = {}  # (pid, created) -> EPDCTL_TOKEN
 
     # ---- contract ------------------------------------------------------------------------
 
@@ -87,10 +93,12 @@ class LocalLauncher:
         for rec in recs:
             h = rec.handle
             alive = h is not None and bool(self._live(h, groups))
+            restarts, last = read_pid_file(self.pid_file(rec), h.token) if h else (0, None)
             if alive or h is None:
-                res.ok[rec.name] = Status(alive)
+                res.ok[rec.name] = Status(alive, None, "", restarts, last)
             else:
-                res.ok[rec.name] = Status(False, self.exit_code(h), tail(Path(rec.log), 20))
+                res.ok[rec.name] = Status(False, self.exit_code(h), tail(Path(rec.log), 20),
+                                          restarts, last)
         return res
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
@@ -134,12 +142,49 @@ class LocalLauncher:
     def close(self) -> None:
         return None
 
+    def orphans(self) -> list[ProcessRecord]:
+        """Every process group on this machine whose members carry this cluster's marker."""
+        cluster = self.cluster
+        if not cluster:
+            return []
+        groups: dict[int, list[tuple[psutil.Process, float, dict[str, str]]]] = {}
+        for p in psutil.process_iter(["create_time", "status"]):
+            try:
+                if p.info["status"] == psutil.STATUS_ZOMBIE:
+                    continue
+                env = p.environ()
+                if env.get(MARKER_CLUSTER) == cluster and env.get(MARKER_TOKEN):
+                    groups.setdefault(os.getpgid(p.pid), []).append(
+                        (p, p.info["create_time"], env))
+            except (ProcessLookupError, psutil.Error, OSError):
+                continue
+        out = []
+        for pgid, members in groups.items():
+            lead, ct, env = min(members, key=lambda m: m[1])
+            name = env.get(MARKER_WORKER) or f"pid-{lead.pid}"
+            log = self.cluster_dir / "logs" / f"{name}.log" if self.cluster_dir else ""
+            out.append(ProcessRecord(name=name, role="unknown", node="local", log=str(log),
+                                     handle=Handle(pid=lead.pid, pgid=pgid, create_time=ct,
+                                                   token=env[MARKER_TOKEN])))
+        return out
+
+    def pid_file(self, rec: ProcessRecord) -> Path:
+        base = self.cluster_dir / "run" if self.cluster_dir is not None else Path(rec.log).parent
+        return base / f"{rec.name}.pid.json"
+
     # ---- one process ---------------------------------------------------------------------
 
     def _start_one(self, rec: ProcessRecord) -> Handle:
         argv = resolve_argv(tuple(rec.argv))
-        real_argv = expand_argv(argv, rec.name)
+        if not shutil.which(argv[0]):
+            raise LaunchError(f"[{rec.node}/{rec.name}] cannot start {argv[0]}: no such "
+                              f"executable file")
+        real_argv = [sys.executable, *SUPERVISOR, *expand_argv(argv, rec.name)]
+        token = new_token()
         env = worker_env(rec.env, rec.name, keys=key_vars(rec.argv))
+        pid_file = self.pid_file(rec)
+        pid_file.parent.mkdir(parents=True, exist_ok=True)
+        env.update(supervision_env(self.cluster, rec, token, str(pid_file)))
         log = Path(rec.log)
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
@@ -159,7 +204,7 @@ class LocalLauncher:
         except psutil.NoSuchProcess:
             ctime = time.time()
         logger.debug("started %s pid %d", rec.name, proc.pid)
-        return Handle(pid=proc.pid, pgid=proc.pid, create_time=ctime)
+        return Handle(pid=proc.pid, pgid=proc.pid, create_time=ctime, token=token)
 
     def exit_code(self, h: Handle) -> int | None:
         """The leader's exit status when this launcher started it and it has exited."""
@@ -185,11 +230,25 @@ class LocalLauncher:
                 continue
         return out
 
-    @staticmethod
-    def _live(h: Handle, groups: dict[int, list[tuple[psutil.Process, float]]]
+    def _live(self, h: Handle, groups: dict[int, list[tuple[psutil.Process, float]]]
               ) -> list[psutil.Process]:
-        """Members of the handle's group that epdctl can prove it started (pid-reuse guard)."""
-        return [p for p, ct in groups.get(h.pgid, []) if ct + 0.05 >= h.create_time]
+        """Members of the handle's group that epdctl can prove it started: created no earlier
+        than the recorded leader (pid reuse) and carrying the recorded token (a forged or
+        stale record names a process without it). No token recorded: nothing is provably ours."""
+        if not h.token or not isinstance(h.pgid, int) or h.pgid <= 0:
+            return []
+        mine = [p for p, ct in groups.get(h.pgid, []) if ct + 0.05 >= h.create_time]
+        return mine if any(self._token(p, ct) == h.token
+                           for p, ct in groups.get(h.pgid, []) if p in mine) else []
+
+    def _token(self, p: psutil.Process, ct: float) -> str | None:
+        key = (p.pid, ct)
+        if key not in self._marks:
+            try:
+                self._marks[key] = p.environ().get(MARKER_TOKEN)
+            except (psutil.Error, OSError):
+                return None
+        return self._marks[key]
 
     def _members(self, h: Handle) -> list[psutil.Process]:
         return self._live(h, self._groups())

@@ -42,6 +42,8 @@ class WorkerView:
     router: str = "-"             # the router's status for this worker; "-" when not routed
     log: str = ""
     log_tail: str = ""            # last lines of the log when the worker is dead
+    restarts: int = 0             # times its supervisor restarted it
+    last_exit: str | None = None  # why its last run ended
     figures: dict[str, Any] | None = None  # metrics_summary.worker_figures; None: no /metrics
     metrics: dict[str, float] | None = field(default=None, repr=False)  # raw scrape (not shown)
 
@@ -58,6 +60,7 @@ class ClusterView:
     router_ready: bool | None = None
     router_detail: str = ""
     router_figures: dict[str, Any] | None = None  # None when its Prometheus page does not answer
+    problem: str = ""             # what is wrong with the cluster as a whole (a killed `up`)
 
     def role_figures(self) -> dict[str, dict[str, Any]]:
         """role -> figures over the workers whose /metrics answered, in start order."""
@@ -79,7 +82,8 @@ class ClusterView:
 
     @property
     def healthy(self) -> bool:
-        return all(w.healthy for w in self.workers) and self.router_ready is not False
+        return (all(w.healthy for w in self.workers) and self.router_ready is not False
+                and self.phase not in ("failed", "starting", "stopping"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -121,6 +125,8 @@ def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, R
     view = WorkerView(name=rec.name, role=rec.role, node=rec.node, pid=rec.pid, url=rec.url,
                       alive=alive, uptime_s=time.time() - rec.since if alive else None,
                       health="dead", healthy=False, log=rec.log)
+    if isinstance(st, Status):
+        view.restarts, view.last_exit = st.restarts, st.last_exit
     if isinstance(st, Exception):
         view.health = f"unknown ({st})"
     elif not alive:

@@ -33,6 +33,7 @@ from epdctl.rebalance.plan import Move, RebalancePlan, apply_move
 from epdctl.rebalance.steps import MoveResult, Step, Timer, summary
 from epdctl.render import build_plan
 from epdctl.render.plan import Plan, WorkerSpec
+from epdctl.topology.restart import RestartPolicy
 from epdctl.routerctl import RouterClient
 from epdctl.state import ClusterDir, ClusterState, ProcessRecord, worker_of
 from epdctl.topology.model import Topology
@@ -238,6 +239,8 @@ class Executor:
         recs = [ProcessRecord.of(s, self.state.engine, self.cdir.log(s.name)) for s in specs]
         for r in recs:
             r.argv += inject
+            r.restart = next((dict(p.restart) for p in self.state.processes
+                              if p.role == r.role and p.restart), RestartPolicy().to_dict())
         self._bring_up.start(recs)
         return recs
 

@@ -8,6 +8,7 @@ as ``"${NAME}"``, and no secret value ever enters a plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from epdctl.errors import RenderError
 from epdctl.render.context import WorkerContext
@@ -60,6 +61,7 @@ class Plan:
     workers: list[WorkerSpec] = field(default_factory=list)
     router: RouterSpec | None = None
     setup: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> setup lines
+    restart: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> restart policy
 
     def for_node(self, node: str) -> list[WorkerSpec]:
         return [w for w in self.workers if w.node == node]
@@ -117,7 +119,8 @@ def build_plan(topo: Topology) -> Plan:
                             prometheus_port=ports.router["prometheus"], argv=argv, env=dict(topo.node(r.node).env),
                             url=f"http://{_bracket(url_host)}:{ports.router['http']}", api_key_env=r.api_key_env)
     setup = {n.name: n.setup for n in topo.nodes if n.setup}
-    return Plan(name=topo.name, engine=topo.engine, workers=specs, router=router, setup=setup)
+    return Plan(name=topo.name, engine=topo.engine, workers=specs, router=router, setup=setup,
+                restart={role: p.to_dict() for role, p in topo.restart.items()})
 
 
 def _bracket(host: str) -> str:

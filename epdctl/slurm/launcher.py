@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import Results, Status, expand_argv, key_vars, tail, worker_env
+from epdctl.launchers.base import (SUPERVISOR, Results, Status, cluster_id, expand_argv, new_token, key_vars,
+                                   read_pid_file, supervision_env, tail, worker_env)
 from epdctl.launchers.local import follow_file
 from epdctl.slurm import jobs, steps
 from epdctl.slurm.sbatch import directives, slurm_nodes, substitute
@@ -73,6 +74,7 @@ class SlurmLauncher:
         self.topology = topology
         self._alloc: Allocation | None = None
         self._srun: dict[str, subprocess.Popen[bytes]] = {}
+        self._tokens: dict[str, str] = {}
 
     # ---- allocation ----------------------------------------------------------------------
 
@@ -82,8 +84,12 @@ class SlurmLauncher:
             raise LaunchError("the slurm launcher needs the cluster's run folder")
         return self.cluster_dir / ALLOC_FILE
 
-    def allocation(self, timeout: float = 600.0) -> Allocation:
-        """The cluster's allocation: recorded, adopted from $SLURM_JOB_ID, or submitted now."""
+    wait_limit = 600.0   # seconds a submitted job may wait in the queue (`up --timeout` sets it)
+
+    def allocation(self, timeout: float | None = None) -> Allocation:
+        """The cluster's allocation: recorded, adopted from $SLURM_JOB_ID, or submitted now
+        (waiting at most ``timeout``, default ``wait_limit`` seconds, for it to run)."""
+        timeout = self.wait_limit if timeout is None else timeout
         if self._alloc is not None:
             return self._alloc
         if self._alloc_file.exists():
@@ -128,7 +134,8 @@ class SlurmLauncher:
                 raise LaunchError(f"SLURM job {job} ended as {info.state} before it ran")
             if time.monotonic() - t0 > timeout:
                 raise LaunchError(f"SLURM job {job} still {info.state} ({info.reason}) after "
-                                  f"{timeout:.0f}s")
+                                  f"{timeout:.0f}s in the queue; it was cancelled. Raise "
+                                  f"--timeout, or check the queue with `squeue -j {job}`")
             time.sleep(0.3)
         topo = self.topology
         plan = _plan(topo)
@@ -170,7 +177,8 @@ class SlurmLauncher:
                 if name in found:
                     res.ok[name] = Handle(pid=proc.pid, pgid=proc.pid, create_time=time.time(),
                                           host=alloc.nodes[rec.node][1], job=alloc.job,
-                                          step=found[name].split(".", 1)[1])
+                                          step=found[name].split(".", 1)[1],
+                                          token=self._tokens.get(name))
                     del pending[name]
                 elif proc.poll() is not None:
                     res.failed[name] = LaunchError(
@@ -198,8 +206,13 @@ class SlurmLauncher:
                                                                   getattr(self.topology, "python", "")):
             argv[0] = alloc.python[rec.node]
         setup = list(_plan(self.topology).setup.get(rec.node, ())) if self.topology else []
-        command = "\n".join([*setup, "exec " + shlex.join(argv)])
+        python = str(alloc.python.get(rec.node) or getattr(self.topology, "python", "python3"))
+        command = "\n".join([*setup, "exec " + shlex.join([python, *SUPERVISOR, *argv])])
         env = worker_env({k: self.place(v) for k, v in rec.env.items()}, rec.name, keys=key_vars(rec.argv))
+        rec_token = new_token()
+        self._tokens[rec.name] = rec_token
+        assert self.cluster_dir is not None
+        env.update(supervision_env(cluster_id(self.cluster_dir), rec, rec_token, str(self.pid_file(rec))))
         logf = Path(rec.log)
         logf.parent.mkdir(parents=True, exist_ok=True)
         slurm_node = alloc.nodes[rec.node][0]
@@ -237,12 +250,34 @@ class SlurmLauncher:
                 res.ok[r.name] = Status(False)
             elif h.step is None:  # a v1 state: the whole cluster was one batch job
                 res.ok[r.name] = Status(jobs.poll([h.job])[h.job].state == "RUNNING")
-            elif h.step_id in by_job[h.job]:
-                res.ok[r.name] = Status(True)
             else:
-                note = f"\n{gone[h.job]}" if h.job in gone else ""
-                res.ok[r.name] = Status(False, None, tail(Path(r.log), 20) + note)
+                n, last = read_pid_file(self.pid_file(r), h.token) if self.cluster_dir else (0, None)
+                if h.step_id in by_job[h.job]:
+                    res.ok[r.name] = Status(True, None, "", n, last)
+                else:
+                    note = f"\n{gone[h.job]}" if h.job in gone else ""
+                    res.ok[r.name] = Status(False, None, tail(Path(r.log), 20) + note, n, last)
         return res
+
+    def pid_file(self, rec: ProcessRecord) -> Path:
+        """The supervisor's pid file, in the run folder the nodes share."""
+        assert self.cluster_dir is not None
+        return self.cluster_dir / "run" / f"{rec.name}.pid.json"
+
+    def orphans(self) -> list[ProcessRecord]:
+        """The worker steps of the cluster's recorded allocation (its batch/extern steps and
+        the holder excluded): found without state.json, never outside that job."""
+        if self.cluster_dir is None or not self._alloc_file.exists():
+            return []
+        job = self.allocation().job
+        out = []
+        for sid, name in steps.list_steps(job).items():
+            step = sid.split(".", 1)[1]
+            if step.isdigit() and name not in ("batch", "extern"):
+                out.append(ProcessRecord(name=name, role="unknown", node="?",
+                                         log=str(self.cluster_dir / "logs" / f"{name}.log"),
+                                         handle=Handle(job=job, step=step)))
+        return out
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
         """SIGTERM every step at once (``scancel --signal=TERM``), cancel what is left after

@@ -19,6 +19,7 @@ from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topol
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
 from epdctl.topology.safety import unsafe_text, unsafe_values
+from epdctl.topology.restart import read_restart
 from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
                                     read_in_place, read_router, read_settings, read_slurm, read_transfer, top_level)
 
@@ -67,6 +68,7 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
     ports = read_ports(r, top)
     in_place = read_in_place(r, top)
     limits = read_limits(r, top)
+    restart = read_restart(r, top)
     if launcher == "slurm" and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
     if model is None or name is None or engine is None:
@@ -74,7 +76,7 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
     model = _resolve_model(model, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, in_place=in_place,
-                    limits=limits,
+                    limits=limits, restart=restart,
                     source=doc.source,
                     lines=doc.lines)
     problems = list(r.problems)

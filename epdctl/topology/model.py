@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from epdctl.topology.limits import Limits
 
@@ -182,6 +183,7 @@ class Topology:
     in_place: bool = False  # rebalance.in_place: start workers switchable (epdctl/topology/inplace.py)
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
+    restart: dict[str, Any] = field(default_factory=dict, compare=False)  # role -> RestartPolicy
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def node(self, name: str) -> Node:

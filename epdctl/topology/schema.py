@@ -18,7 +18,8 @@ ENGINES = ("sglang", "vllm", "embedded")
 LAUNCHERS = ("local", "ssh", "slurm")
 TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes", "node_defaults", "roles",
             "transfer", "router", "slurm", "ports", "rebalance",
-            "limits")  # i14: request limits (epdctl/topology/limits.py)
+            "limits",   # i14: request limits (epdctl/topology/limits.py)
+            "restart")  # restart policy (epdctl/topology/restart.py)
 MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code")
 PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
 SETTING_KEYS = PARALLEL_KEYS + ("chunked_prefill_size", "page_size", "kv_cache_dtype", "moe_a2a_backend",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,10 +61,25 @@ def _ticks(rec):
     return int(round((float(rec["create_time"]) - _boot_time()) * os.sysconf("SC_CLK_TCK")))
 
 
+def _marker(pid):
+    """The EPDCTL_* identity markers in a process's environment ({} when unreadable)."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        if item.startswith(b"EPDCTL_"):
+            k, _, v = item.decode("utf-8", "replace").partition("=")
+            out[k] = v
+    return out
+
+
 def _same(rec):
     """True while the recorded leader runs and is the process we started (pid reuse guard)."""
     st = _stat(rec["pid"])
-    return st is not None and st[0] != "Z" and st[2] == _ticks(rec)
+    return st is not None and st[0] != "Z" and st[2] == _ticks(rec) and bool(_members(rec))
 
 
 def _members(rec):
@@ -74,6 +90,8 @@ def _members(rec):
     group's id, so while the leader is gone, members left in the group are its own children.
     """
     found, ticks = [], _ticks(rec)
+    if not rec.get("token") or not isinstance(rec.get("pgid"), int) or rec["pgid"] <= 0:
+        return []  # no identity recorded: nothing is provably ours
     lead = _stat(rec["pid"])
     if lead is not None and lead[0] != "Z" and lead[2] != ticks:
         return []
@@ -83,6 +101,9 @@ def _members(rec):
         st = _stat(int(name))
         if st and st[0] != "Z" and st[1] == rec["pgid"] and st[2] >= ticks:
             found.append(int(name))
+    # a forged or stale record: the group must carry the token the record names
+    if not any(_marker(p).get("EPDCTL_TOKEN") == rec["token"] for p in found):
+        return []
     return found
 
 
@@ -131,17 +152,38 @@ def _env(spec):
     return env
 
 
-def _start_one(folder, spec):
+def _supervisor(folder, source):
+    """The supervisor script (launchers/supervise.py, sent with the request) in the run folder:
+    the node runs exactly the supervisor of the epdctl that starts it."""
+    path = os.path.join(folder, "epdctl-supervise.py")
+    try:
+        with open(path) as f:
+            if f.read() == source:
+                return path
+    except OSError:
+        pass
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        f.write(source)
+    os.replace(tmp, path)
+    return path
+
+
+def _start_one(folder, spec, supervisor):
     name = spec["name"]
     log = os.path.join(folder, name + ".log")
     env = _env(spec)
+    env["EPDCTL_PID_FILE"] = os.path.join(folder, name + ".pid.json")
+    if not shutil.which(spec["argv"][0], path=env.get("PATH")):  # as exec would find it
+        raise OSError(2, "No such file or directory (or not executable)", spec["argv"][0])
+    argv = [sys.executable, supervisor, "--"] + list(spec["argv"])
     with open(log, "ab") as out:
         out.write(("=== epdctl: starting %s on %s at %s ===\n"
                    % (name, socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"))).encode())
         out.flush()
         # setsid + nohup, in Python: a new session (pid == pgid == sid, no controlling terminal,
         # so no SIGHUP when the ssh session ends), stdin from /dev/null, output to the log.
-        proc = subprocess.Popen(spec["argv"], stdin=subprocess.DEVNULL, stdout=out,
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                 close_fds=True, cwd=spec.get("cwd") or os.path.expanduser("~"))
     st = _stat(proc.pid)
@@ -149,6 +191,7 @@ def _start_one(folder, spec):
     rec = {"name": name, "pid": proc.pid, "pgid": proc.pid, "start_ticks": ticks,
            "create_time": _create_time(ticks), "since": time.time(), "log": log,
            "argv": spec["argv"], "env_keys": sorted(spec.get("env", {})),
+           "token": env.get("EPDCTL_TOKEN"),
            "ports": spec.get("ports", [])}
     _write_json(os.path.join(folder, name + ".json"), rec)
     return proc, rec
@@ -158,9 +201,10 @@ def op_start(req):
     folder = _expand(req["dir"])
     os.makedirs(folder, mode=0o700, exist_ok=True)
     out, procs = {}, {}
+    supervisor = _supervisor(folder, req["supervisor"])
     for spec in req["workers"]:
         try:
-            procs[spec["name"]], out[spec["name"]] = _start_one(folder, spec)
+            procs[spec["name"]], out[spec["name"]] = _start_one(folder, spec, supervisor)
         except (OSError, ValueError) as e:
             out[spec["name"]] = {"error": "cannot start %s: %s" % (spec["argv"][0], e)}
     deadline = time.monotonic() + float(req.get("settle", 0))
@@ -182,6 +226,9 @@ def op_poll(req):
     for rec in req["workers"]:
         alive = _same(rec)
         entry = {"alive": alive, "members": len(_members(rec))}
+        sup = _read(os.path.join(os.path.dirname(_expand(rec["log"])), rec["name"] + ".pid.json"))
+        if sup.get("token") and sup.get("token") == rec.get("token"):
+            entry.update(restarts=sup.get("restarts", 0), last_exit=sup.get("last_exit"))
         if not alive:
             entry["tail"] = _tail(_expand(rec["log"]), req.get("lines", 20))
         out[rec["name"]] = entry
@@ -231,13 +278,43 @@ def op_stop(req):
     return {"workers": out}
 
 
+def _read(path):
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def op_find(req):
+    """Process groups on this node whose members carry the cluster's marker (for `down` when
+    the local state is damaged or gone): one entry per group, identified by its token."""
+    groups = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        mark = _marker(int(name))
+        st = _stat(int(name))
+        if st is None or st[0] == "Z" or mark.get("EPDCTL_CLUSTER") != req["cluster"]:
+            continue
+        if not mark.get("EPDCTL_TOKEN"):
+            continue
+        old = groups.get(st[1])
+        if old is None or st[2] < old["start_ticks"]:
+            groups[st[1]] = {"name": mark.get("EPDCTL_WORKER") or "pid-%s" % name,
+                             "pid": int(name), "pgid": st[1], "start_ticks": st[2],
+                             "create_time": _create_time(st[2]), "token": mark["EPDCTL_TOKEN"]}
+    return {"found": list(groups.values())}
+
+
 def op_records(req):
     """Every record left in the node's run folder (for `down` when local state is gone)."""
     folder = _expand(req["dir"])
     recs = []
     if os.path.isdir(folder):
         for name in sorted(os.listdir(folder)):
-            if name.endswith(".json"):
+            if name.endswith(".json") and not name.endswith(".pid.json"):
                 try:
                     with open(os.path.join(folder, name)) as f:
                         recs.append(json.load(f))
@@ -253,7 +330,7 @@ def op_tail(req):
 
 def _main(req):
     ops = {"prepare": op_prepare, "start": op_start, "poll": op_poll, "stop": op_stop,
-           "records": op_records, "tail": op_tail}
+           "records": op_records, "tail": op_tail, "find": op_find}
     try:
         answer = ops[req["op"]](req)
     except Exception as e:  # noqa: the launcher turns this into a [node] error

@@ -141,12 +141,15 @@ class SSHConnection:
         name = host_key_name(t.host, port)
         files = ", ".join(str(p) for p in known) or "(none)"
         p = f"[{self.node}]"
+        # ssh-keygen -R edits ~/.ssh/known_hosts unless told which file holds the entry
+        kf = f" -f '{known[0]}'" if known and str(known[0]) != str(
+            Path("~/.ssh/known_hosts").expanduser()) else ""
         if isinstance(e, UnknownHostKey) and e.other_types:
             return SSHError(
                 f"{p} HOST KEY MISMATCH for {name}: the server offered {e.key.get_name()} "
                 f"{e.key.fingerprint} but {files} records only {', '.join(e.other_types)} "
                 f"key(s) for it; refusing. If the node's keys really changed, remove the old "
-                f"entry with ssh-keygen -R '{name}'")
+                f"entry with ssh-keygen{kf} -R '{name}'")
         if isinstance(e, UnknownHostKey):
             return SSHError(
                 f"{p} unknown host key for {name} ({e.key.get_name()} {e.key.fingerprint}); "
@@ -158,7 +161,7 @@ class SSHConnection:
                 f"{p} HOST KEY MISMATCH for {name}: the server offered {e.key.get_name()} "
                 f"{e.key.fingerprint} but {files} records {e.expected_key.fingerprint}. "
                 f"Someone may be intercepting the connection, or the node was reinstalled; "
-                f"if you are sure, remove the old entry with ssh-keygen -R '{name}'. "
+                f"if you are sure, remove the old entry with ssh-keygen{kf} -R '{name}'. "
                 f"epdctl never replaces a recorded key")
         if isinstance(e, paramiko.PasswordRequiredException):
             return SSHError(f"{p} identity file {t.key} is encrypted; load it into ssh-agent "

@@ -14,6 +14,7 @@ dead, reads its log or stops it, so commands written for local files still show 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shlex
@@ -24,7 +25,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import epdctl
 from epdctl.errors import LaunchError
 from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
-from epdctl.launchers.base import Results, Status, key_vars
+from epdctl.launchers.base import Results, Status, cluster_id, key_vars, new_token, supervision_env
 from epdctl.state import Handle, ProcessRecord
 from epdctl.launchers.ssh.nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
                                         options_from_env, ports_of, run_agent, save_nodes)
@@ -32,6 +33,7 @@ from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
 
 log = logging.getLogger(__name__)
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
+SUPERVISOR_SOURCE = (Path(__file__).parents[1] / "supervise.py").read_text()
 MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `epdctl logs`)
 
 
@@ -50,6 +52,7 @@ class SSHLauncher:
         """The contract's three arguments; the keyword-only rest are for tests and benchmarks
         (explicit nodes without a topology, SSH options, the node run folder)."""
         api_key_env: str | None = None
+        self._explicit_options = options is not None
         self.options = options or options_from_env(accept_new_host_keys or None)
         self.run_root = run_root or os.environ.get("EPDCTL_SSH_RUN_ROOT") or DEFAULT_RUN_ROOT
         self.settle = settle
@@ -76,12 +79,28 @@ class SSHLauncher:
             doc = load_nodes(cdir)
             self.nodes = doc["nodes"]
             self.api_key_env = self.api_key_env or doc.get("api_key_env")
+            self._recorded_ssh(doc)
             if "run_root" in doc:  # read back as written: nothing to save
                 self.run_root = doc["run_root"]
                 return
         save_nodes(cdir, {"cluster": self.cluster, "run_root": self.run_root,
                           "api_key_env": self.api_key_env,
+                          "known_hosts": [str(Path(k).expanduser().absolute())
+                                          for k in self.options.known_hosts],
+                          "ssh_config": self.options.ssh_config,
                           "nodes": [n.to_dict() for n in self.nodes.values()]})
+
+    def _recorded_ssh(self, doc: dict[str, Any]) -> None:
+        """`status`/`logs`/`down` from another shell verify host keys against the files `up`
+        used (recorded in ssh-nodes.json), unless this shell names its own (EPDCTL_KNOWN_HOSTS)."""
+        if self._explicit_options or not doc.get("known_hosts"):
+            return
+        keep = self.options.known_hosts if os.environ.get("EPDCTL_KNOWN_HOSTS") else ()
+        files = tuple(dict.fromkeys([*keep, *doc["known_hosts"]]))
+        self.options = dataclasses.replace(self.options, known_hosts=files,
+                                           ssh_config=doc.get("ssh_config", self.options.ssh_config))
+        self.pool.close()
+        self.pool = ConnectionPool(self.options)
 
     def _context(self, local_log: Path | None) -> None:
         if self.nodes and self.cluster:
@@ -142,6 +161,8 @@ class SSHLauncher:
         for name in names:
             if name in os.environ:
                 env[name] = os.environ[name]  # travels on stdin only
+        # markers and supervisor settings; the agent sets the pid file beside the record
+        env.update(supervision_env(cluster_id(self.cluster_dir), rec, new_token(), ""))
         return {"name": rec.name, "argv": list(rec.argv), "env": env,
                 "ports": ports_of(rec.argv)}
 
@@ -149,6 +170,7 @@ class SSHLauncher:
         self.prepare_node(node)
         ans = self._agent(node, {"op": "start", "dir": self.remote_dir(node),
                                  "workers": [self._wire(r) for r in recs],
+                                 "supervisor": SUPERVISOR_SOURCE,
                                  "settle": self.settle, "lines": 20})
         out: dict[str, Handle | Exception] = {}
         for r in recs:
@@ -162,7 +184,8 @@ class SSHLauncher:
                     f"last lines of {got['log']} on {node}:\n{got.get('tail', '')}")
             else:
                 out[r.name] = Handle(pid=int(got["pid"]), pgid=int(got["pgid"]),
-                                     create_time=float(got["create_time"]))
+                                     create_time=float(got["create_time"]),
+                                     token=got.get("token"))
         return out
 
     # ---- Launcher contract -----------------------------------------------------------
@@ -210,7 +233,8 @@ class SSHLauncher:
                 st = per_node.ok[r.node][r.name]
                 if not st["alive"]:
                     self._write_mirror(r, st.get("tail", ""))
-                res.ok[r.name] = Status(st["alive"], None, st.get("tail", ""))
+                res.ok[r.name] = Status(st["alive"], None, st.get("tail", ""),
+                                        int(st.get("restarts") or 0), st.get("last_exit"))
         return res
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
@@ -275,6 +299,30 @@ class SSHLauncher:
     def close(self) -> None:
         self.pool.close()
 
+    def orphans(self) -> list[ProcessRecord]:
+        """Every node's process groups carrying this cluster's marker (nodes in parallel);
+        LaunchError naming the nodes that could not be searched (after the others)."""
+        cluster = cluster_id(self.cluster_dir)
+        if not cluster:
+            return []
+        per_node = fanout({n: n for n in self.nodes},
+                          lambda n, _: self._agent(n, {"op": "find", "cluster": cluster})["found"],
+                          parallel=self.parallel)
+        out = []
+        for node, found in per_node.ok.items():
+            for f in found:
+                log = (self.cluster_dir / "logs" / f"{f['name']}.log") if self.cluster_dir else ""
+                out.append(ProcessRecord(name=f["name"], role="unknown", node=node, log=str(log),
+                                         handle=Handle(pid=f["pid"], pgid=f["pgid"],
+                                                       create_time=f["create_time"],
+                                                       token=f["token"])))
+        try:
+            raise_if_failed(per_node, "searching the nodes for the cluster's processes")
+        except LaunchError as e:
+            e.found = out  # type: ignore[attr-defined]  # what the reachable nodes had
+            raise
+        return out
+
     # ---- helpers ---------------------------------------------------------------------
 
     def _group(self, recs: list[ProcessRecord]) -> dict[str, list[ProcessRecord]]:
@@ -286,7 +334,8 @@ class SSHLauncher:
     def _rec(self, r: ProcessRecord) -> dict[str, Any]:
         assert r.handle is not None
         return {"name": r.name, "pid": r.handle.pid, "pgid": r.handle.pgid,
-                "create_time": r.handle.create_time, "log": self.remote_log(r)}
+                "create_time": r.handle.create_time, "token": r.handle.token,
+                "log": self.remote_log(r)}
 
     def _write_mirror(self, rec: ProcessRecord, text: str) -> None:
         if not rec.log or self.cluster_dir is None:

@@ -43,4 +43,5 @@ python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \
     --health-check-timeout-secs 2 \
-    --worker-startup-check-interval 1
+    --worker-startup-check-interval 1 \
+    --cb-timeout-duration-secs 2

@@ -1,0 +1,182 @@
+"""The per-process supervisor: runs one worker (or the router), restarts it on failure.
+
+Every launcher starts ``python -m epdctl.launchers.supervise -- ARGV...`` instead of ARGV, so
+supervision is the same on local, SSH and inside a SLURM step. The supervisor and its worker
+share one process group (a launcher's stop signals both), the worker dies with the supervisor
+(``PR_SET_PDEATHSIG``), and both carry the identity markers ``EPDCTL_CLUSTER``,
+``EPDCTL_WORKER`` and ``EPDCTL_TOKEN`` in their environment: `down` finds a cluster's processes
+by them when ``state.json`` is damaged or gone, and signals nothing that does not carry them.
+
+Configuration comes from the environment the launcher sets (never the command line):
+``EPDCTL_RESTART`` (JSON: policy never|on-failure|always, limit, backoff), ``EPDCTL_HEALTH_URL``
+(probed until the worker has been healthy once: a worker that dies before that failed to
+start, and is not restarted, so `up` reports it), ``EPDCTL_PID_FILE`` (the per-node pid file,
+rewritten on every change: supervisor and worker pids, restarts, last exit cause).
+
+Stdlib only: it runs on SSH nodes and SLURM nodes next to the workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+MAX_BACKOFF_S = 30.0
+STABLE_S = 60.0          # a run this long resets the back-off and the limit's count
+ARM_WITHOUT_HEALTH_S = 10.0
+_stopping = False
+
+
+def _pdeathsig() -> None:
+    """In the child: die with SIGKILL when the supervisor dies (Linux prctl)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def describe(rc: int) -> str:
+    """An exit status as a person reads it."""
+    if rc < 0:
+        try:
+            return f"killed by signal {-rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exited with status {rc}"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2.0) as r:  # noqa: S310 (the worker's own URL)
+            return 200 <= r.status < 300
+    except Exception:  # noqa: any failure is "not yet"
+        return False
+
+
+def _write(path: str | None, doc: dict[str, Any]) -> None:
+    if not path:
+        return
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _say(text: str) -> None:
+    sys.stdout.write(f"=== epdctl supervisor: {text} at {time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+    sys.stdout.flush()
+
+
+def _on_signal(child: list[subprocess.Popen[bytes]]) -> Any:
+    def handler(sig: int, _frame: Any) -> None:
+        global _stopping
+        _stopping = True
+        for p in child:
+            if p.poll() is None:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+    return handler
+
+
+def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
+              pid_file: str | None) -> int:
+    """Run ``argv`` until it exits for good; the exit status to leave with."""
+    mode = str(policy.get("policy", "never"))
+    limit, backoff = int(policy.get("limit", 5)), float(policy.get("backoff", 1.0))
+    current: list[subprocess.Popen[bytes]] = []
+    handler = _on_signal(current)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handler)
+    doc: dict[str, Any] = {
+        "cluster": os.environ.get("EPDCTL_CLUSTER", ""), "worker": os.environ.get("EPDCTL_WORKER", ""),
+        "token": os.environ.get("EPDCTL_TOKEN", ""), "pid": os.getpid(), "pgid": os.getpgid(0),
+        "policy": mode, "limit": limit, "restarts": 0, "last_exit": None, "state": "starting"}
+    streak, ever = 0, False   # ever: healthy once; from then on every run may restart
+    while True:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig)
+        except OSError as e:
+            _say(f"cannot start {argv[0]}: {e}")
+            doc.update(state="exited", last_exit=f"cannot start: {e}")
+            _write(pid_file, doc)
+            return 127
+        current[:] = [proc]
+        started, armed, up = time.monotonic(), ever, False  # up: healthy in this run
+        doc.update(child_pid=proc.pid, since=time.time(), state="starting")
+        _write(pid_file, doc)
+        next_probe = 0.0
+        while proc.poll() is None:
+            now = time.monotonic()
+            if not up and not _stopping:
+                if health and now >= next_probe:
+                    up, next_probe = _healthy(health), now + 1.0
+                elif not health and now - started >= ARM_WITHOUT_HEALTH_S:
+                    up = True
+                if up:
+                    armed = ever = True
+                    doc["state"] = "running"
+                    _write(pid_file, doc)
+            time.sleep(0.2)
+        rc = proc.returncode
+        cause = describe(rc)
+        doc["last_exit"] = cause
+        ran = time.monotonic() - started
+        streak = 0 if ran >= STABLE_S else streak
+        again = (not _stopping and armed and streak < limit
+                 and (mode == "always" or (mode == "on-failure" and rc != 0)))
+        if not again:
+            why = ("stopped" if _stopping else f"{cause}; no restart ("
+                   + ("policy never" if mode == "never" else
+                      "it never became healthy" if not armed else
+                      f"limit of {limit} restarts reached" if streak >= limit else "clean exit")
+                   + ")")
+            if not _stopping and armed and mode != "never":  # else the launcher reports it
+                _say(f"{doc['worker'] or argv[0]} {why}")
+            doc["state"] = "stopped" if _stopping else "exited"
+            _write(pid_file, doc)
+            return rc if rc >= 0 else 128 - rc
+        delay = min(backoff * (2 ** streak), MAX_BACKOFF_S)
+        streak += 1
+        doc["restarts"] += 1
+        doc["state"] = "backoff"
+        _write(pid_file, doc)
+        _say(f"{doc['worker'] or argv[0]} {cause}; restart {streak}/{limit} in {delay:.1f}s")
+        until = time.monotonic() + delay
+        while time.monotonic() < until and not _stopping:
+            time.sleep(0.05)
+        if _stopping:
+            doc["state"] = "stopped"
+            _write(pid_file, doc)
+            return rc if rc >= 0 else 128 - rc
+
+
+def main(args: list[str]) -> int:
+    if "--" in args:
+        args = args[args.index("--") + 1:]
+    if not args:
+        sys.stderr.write("usage: python -m epdctl.launchers.supervise -- COMMAND [ARGS...]\n")
+        return 2
+    try:
+        policy = json.loads(os.environ.get("EPDCTL_RESTART") or "{}")
+    except ValueError:
+        policy = {}
+    return supervise(args, policy if isinstance(policy, dict) else {},
+                     os.environ.get("EPDCTL_HEALTH_URL") or None,
+                     os.environ.get("EPDCTL_PID_FILE") or None)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
