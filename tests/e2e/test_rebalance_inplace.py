@@ -13,71 +13,25 @@ worker must keep its process (pid) and port, and history must show the in-place 
 from __future__ import annotations
 
 import json
-import os
 import random
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterator
 
-import psutil
 import pytest
-import yaml
 
 from epdctl import shapes
 from epdctl.canary import build_messages
 
-from epdctl.rebalance.execute import INJECT_ENV
-from test_rebalance_live import MODEL, Live, expect
+from test_rebalance_live import Live, expect, live_cluster, topology
 
 BASE = 38200
 
 
-def topology(tmp: Path) -> Path:
-    doc = {
-        "name": "rb-inplace", "engine": "embedded", "launcher": "local",
-        "model": {"path": str(MODEL), "served_name": "tiny-qwen2vl",
-                  "architecture": "Qwen2VLForConditionalGeneration"},
-        "ports": {"base": BASE, "limit": BASE + 99},
-        "transfer": {"backend": "zmq"},
-        "rebalance": {"in_place": True},
-        "nodes": [{"name": "local", "host": "127.0.0.1", "shared": True}],
-        "roles": {"encoder": {"nodes": ["local"], "count": 1},
-                  "prefill": {"nodes": ["local"], "count": 1},
-                  "decode": {"nodes": ["local"], "count": 2}},
-        "router": {"node": "local", "host": "127.0.0.1", "implementation": "smg"},
-    }
-    path = tmp / "rb-inplace.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    from epdctl.render import build_plan
-    from epdctl.topology import load_topology
-
     tmp = tmp_path_factory.mktemp("inplace")
-    path = topology(tmp)
-    plan = build_plan(load_topology(path))
-    pre = next(w for w in plan.workers if w.role == "prefill")
-    env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
-    env.pop(INJECT_ENV, None)
-    c = Live("rb-inplace", env, plan.router.url, f"http://127.0.0.1:{pre.encoder_bootstrap_port}",
-             tmp / "state" / "clusters" / "rb-inplace" / "state.json")
-    up = c.epdctl("up", str(path), "--timeout", "600")
-    pids: set[int] = set()
-    try:
-        assert up.returncode == 0, f"epdctl up failed:\n{up.stdout}\n{up.stderr}"
-        yield c
-    finally:
-        if c.state_file.exists():
-            pids = {p["handle"]["pid"] for p in json.loads(c.state_file.read_text())["processes"]}
-        down = c.epdctl("down", c.name)
-        assert down.returncode == 0, down.stdout + down.stderr
-        left = [p for p in pids if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert not left, f"processes left after down: {left}"
+    yield from live_cluster(tmp, topology(tmp, "rb-inplace", BASE, rebalance={"in_place": True}))
 
 
 REQUESTS = [shapes.make_request(random.Random(seed), 2 + seed % 3, plain=True) for seed in range(6)]

@@ -49,37 +49,40 @@ class Live:
                               cwd=ROOT, text=True, capture_output=True, timeout=900)
 
 
-def topology(tmp: Path) -> Path:
+def topology(tmp: Path, name: str = "rb-live", base: int = BASE, **extra: Any) -> Path:
+    """A 1 E / 1 P / 2 D embedded topology on one shared local node (``extra``: more top-level keys)."""
     doc = {
-        "name": "rb-live", "engine": "embedded", "launcher": "local",
+        "name": name, "engine": "embedded", "launcher": "local",
         "model": {"path": str(MODEL), "served_name": "tiny-qwen2vl",
                   "architecture": "Qwen2VLForConditionalGeneration"},
-        "ports": {"base": BASE, "limit": BASE + 99},
+        "ports": {"base": base, "limit": base + 99},
         "transfer": {"backend": "zmq"},
+        **extra,
         "nodes": [{"name": "local", "host": "127.0.0.1", "shared": True}],
         "roles": {"encoder": {"nodes": ["local"], "count": 1},
                   "prefill": {"nodes": ["local"], "count": 1},
                   "decode": {"nodes": ["local"], "count": 2}},
         "router": {"node": "local", "host": "127.0.0.1", "implementation": "smg"},
     }
-    path = tmp / "rb-live.yaml"
+    path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+def live_cluster(tmp: Path, path: Path) -> Iterator[Live]:
+    """`epdctl up` the topology at ``path`` (state under ``tmp``), yield it, `down` it and check
+    that no recorded process is left (a generator for a module fixture)."""
     from epdctl.render import build_plan
     from epdctl.topology import load_topology
 
-    tmp = tmp_path_factory.mktemp("rebalance")
-    path = topology(tmp)
-    plan = build_plan(load_topology(path))
+    topo = load_topology(path)
+    plan = build_plan(topo)
+    assert plan.router is not None
     pre = next(w for w in plan.workers if w.role == "prefill")
     env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
     env.pop(INJECT_ENV, None)
-    c = Live("rb-live", env, plan.router.url, f"http://127.0.0.1:{pre.encoder_bootstrap_port}",
-             tmp / "state" / "clusters" / "rb-live" / "state.json")
+    c = Live(topo.name, env, plan.router.url, f"http://127.0.0.1:{pre.encoder_bootstrap_port}",
+             tmp / "state" / "clusters" / topo.name / "state.json")
     up = c.epdctl("up", str(path), "--timeout", "600")
     pids: set[int] = set()
     try:
@@ -93,6 +96,12 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         left = [p for p in pids if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
         assert not left, f"processes left after down: {left}"
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("rebalance")
+    yield from live_cluster(tmp, topology(tmp))
 
 
 @dataclass
