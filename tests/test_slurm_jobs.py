@@ -247,3 +247,34 @@ def test_up_timeout_bounds_the_wait_in_the_queue(cluster: SlurmCluster, tmp_path
     assert "in the queue; it was cancelled. Raise --timeout" in msg, msg
     job = msg.split("SLURM job ", 1)[1].split()[0]
     assert not jobs.poll([job])[job].active
+
+
+def test_a_worker_killed_after_it_was_healthy_restarts_inside_its_step(
+        cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step's supervisor restarts the worker (restart: defaults, on-failure): the step,
+    the allocation and the other steps live on; poll reports the restart and its cause."""
+    import json
+
+    monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "state"))
+    topo, plan = _cheap_plan({"encoder": ok_server("n0.slurm", 37100), "prefill": ok_server("n1.slurm", 37200),
+                              "decode": ok_server("n2.slurm", 37300)})
+    cdir, state, lau, up = _bring_up(topo, plan, "slurm-local-restart")
+    up.run(plan)
+    try:
+        pid_file = cdir.root / "run" / "prefill-0.pid.json"
+        deadline = time.monotonic() + 60
+        while json.loads(pid_file.read_text())["state"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        before = json.loads(pid_file.read_text())
+        step = state.find("prefill-0").handle.step  # type: ignore[union-attr]
+        psutil.Process(before["child_pid"]).kill()
+        while json.loads(pid_file.read_text())["restarts"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        polled = lau.poll(state.processes).ok
+        assert polled["prefill-0"].alive and polled["prefill-0"].restarts == 1
+        assert polled["prefill-0"].last_exit == "killed by signal 9 (SIGKILL)"
+        assert state.find("prefill-0").handle.step == step  # type: ignore[union-attr]  # same step
+        assert all(s.alive for s in polled.values())
+    finally:
+        assert lau.stop(state.processes, grace=5).all_ok
+        lau.release()
