@@ -118,7 +118,11 @@ def test_kill_9_of_a_worker_under_load_recovers_without_an_operator(cluster: Env
             time.sleep(0.2)
         assert any(ok for _, ok, _ in load.outcomes), load.outcomes[-3:]
         before = cluster.pid_file(worker)
-        assert before["state"] == "running"
+        deadline = time.monotonic() + 30  # the supervisor probes health once a second
+        while before["state"] != "running" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            before = cluster.pid_file(worker)
+        assert before["state"] == "running", before
         t_kill = time.monotonic()
         os.kill(before["child_pid"], signal.SIGKILL)
         # the supervisor restarts it ...
