@@ -162,7 +162,7 @@ def test_workers_run_detached_on_their_own_nodes(ssh_cluster: SshCluster, sshd: 
     for d in sshd.nodes:  # every node's own sshd let epdctl in
         assert "Accepted publickey" in d.log.read_text()
     on_node = json.loads((ssh_cluster.run_root / "ssh-3node" / "node-b" / "prefill-0.json").read_text())
-    assert on_node["ports"] == [35100, 35101, 35102]
+    assert on_node["ports"] == [35100, 35101, 35102, 35103]  # http, KV bootstrap, encoder registry, transfer
 
 
 def test_request_through_the_router(ssh_cluster: SshCluster) -> None:

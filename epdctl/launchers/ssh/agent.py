@@ -271,10 +271,11 @@ def op_stop(req):
         if req.get("lines"):
             out[rec["name"]]["tail"] = _tail(_expand(rec["log"]), int(req["lines"]))
         if "error" not in out[rec["name"]]:
-            try:
-                os.unlink(os.path.join(os.path.dirname(_expand(rec["log"])), rec["name"] + ".json"))
-            except OSError:
-                pass
+            for suffix in (".json", ".pid.json"):  # the record, and the supervisor's pid file
+                try:
+                    os.unlink(os.path.join(os.path.dirname(_expand(rec["log"])), rec["name"] + suffix))
+                except OSError:
+                    pass
     return {"workers": out}
 
 
