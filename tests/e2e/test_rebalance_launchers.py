@@ -120,7 +120,20 @@ def remote(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Remote]:
             next(gen, None)
 
 
-def _expect(r: Remote, enc: int, dec: int) -> None:
+def _expect(r: Remote, enc: int, dec: int, settle: float = 30.0) -> None:
+    """The counts seen three ways; the router's own health view may lag a new worker by a few
+    of its 1 s health checks, so the check is retried for ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            return _expect_once(r, enc, dec)
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def _expect_once(r: Remote, enc: int, dec: int) -> None:
     st = r.state()
     router = next(p for p in st["processes"] if p["role"] == "router")
     routed = http("GET", router["url"] + "/workers", timeout=10).json()["workers"]
