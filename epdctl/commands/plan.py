@@ -149,7 +149,7 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
                           "`hours:`); a concurrency-only workload has no arrival rate")
     base = planner.Demand(rate, w.mean_images, w.repeat, w.prompt_tokens, w.max_tokens)
     cores = _shared_cores(topo) if host_cores is None else (host_cores or None)
-    kw = dict(gpus=gpus, cost_per=cost, max_util=max_util, unit=unit, host_cores=cores)
+    kw: dict[str, Any] = dict(gpus=gpus, cost_per=cost, max_util=max_util, unit=unit, host_cores=cores)
     hours = planner.recommend_hours(prof, base, w.hours, targets, **kw) if w.hours else {}
     peak_rate = max([rate, *w.hours.values()]) if w.hours else rate
     peak = planner.recommend(prof, replace(base, rate=peak_rate),
@@ -159,8 +159,9 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
         splits += [s for s in _same_total(peak.split.counts) if s not in splits]
     others = [planner.evaluate(prof, peak.demand, s, cost, cores) for s in splits]
     from epdctl.topology.weights import switchable_memory
-    doc = {"topology": str(topology), "workload": w.describe(), "host_cores": cores,
-           "in_place_memory": switchable_memory(topo),
+    in_place: list[str] = switchable_memory(topo)
+    doc: dict[str, Any] = {"topology": str(topology), "workload": w.describe(), "host_cores": cores,
+           "in_place_memory": in_place,
            "peak": peak.to_dict(),
            "hours": {str(h): r.to_dict() for h, r in hours.items()},
            "compare": [o.to_dict() for o in others]}
@@ -187,7 +188,7 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
                                                    else ":"))
         for line in peak.explain():
             click.echo("  " + line)
-        for line in doc["in_place_memory"]:
+        for line in in_place:
             click.echo("  " + line)
         for o in others:
             click.echo(f"  compare {o.ratio()} ({o.cost} {unit}): predicted TTFT "

@@ -135,7 +135,7 @@ def serve(host: str, port: int, transport: str, idle: float, buffer_mb: int,
           protocol: str = "tcp", device: str = "") -> int:
     import zmq
 
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
@@ -207,7 +207,7 @@ def send(to: str, src: str, seconds: float, transport: str, connect_timeout: flo
                                     f"not through {src_dev} ({src})"}
     import zmq
 
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://{src}:0;{host}:{port}")

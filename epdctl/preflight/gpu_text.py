@@ -80,7 +80,7 @@ def _table(text: str, j: Judgement) -> list[dict[str, Any]]:
             j.add(FAIL, f"{where}: a field reads ERR!: {second.strip() if 'ERR!' in second else ln.strip()}",
                   "the driver cannot read that sensor: check `nvidia-smi -q -i <n>` and `dmesg` "
                   "for Xid errors; drain the node if it persists")
-        if digits(gpu["ecc_uncorrected"]) and int(gpu["ecc_uncorrected"]) > 0:
+        if digits(str(gpu["ecc_uncorrected"])) and int(gpu["ecc_uncorrected"]) > 0:
             j.add(FAIL, f"{where}: {gpu['ecc_uncorrected']} volatile uncorrectable ECC error(s)",
                   "reset the GPU (or reboot) to retire/remap the memory; replace it if they recur")
     return gpus

@@ -65,7 +65,7 @@ REG_MR_ERRNO = {
 
 def is_mooncake_line(line: str) -> bool:
     m = GLOG.match(line.strip())
-    return bool(m) and any(f in m.group(3) for f in MOONCAKE_FILES)
+    return m is not None and any(f in m.group(3) for f in MOONCAKE_FILES)
 
 
 def judge_mooncake(text: str) -> Judgement:

@@ -115,7 +115,7 @@ def dmabuf_capable(uname_r: str | None, driver_version: str | None) -> bool:
     if not uname_r or not driver_version or "Open Kernel Module" not in driver_version:
         return False
     m = re.match(r"(\d+)\.(\d+)", uname_r.strip())
-    return bool(m) and (int(m.group(1)), int(m.group(2))) >= (5, 12)
+    return m is not None and (int(m.group(1)), int(m.group(2))) >= (5, 12)
 
 
 def _check_gpus(expect: NodeExpect, facts: Facts) -> list[CheckItem]:

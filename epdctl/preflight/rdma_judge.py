@@ -84,8 +84,7 @@ def judge_ports(tool: str, read: RdmaRead) -> Judgement:
         return j
     for note in read.notes:
         j.add(WARN, note, "paste the whole output so every device can be judged")
-    bad = [(p, port_problem(p)) for p in read.ports]
-    bad = [(p, why) for p, why in bad if why]
+    bad = [(p, why) for p in read.ports if (why := port_problem(p)) is not None]
     active = [p for p in read.ports if p.state == "ACTIVE"]
     for p, (msg, advice) in bad:
         j.add(FAIL if not active else WARN, msg, advice)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import re
 import shlex
+from typing import Any
 from importlib import resources
 
 import jinja2
@@ -71,7 +72,7 @@ def _template(name: str) -> str:
 def to_shell(plan: Plan, node: str | None = None) -> str:
     """The commands each node runs, in start order (router last)."""
     nodes = [node] if node else [n for n in plan.nodes if plan.for_node(n)]
-    sections = [{"node": n, "workers": plan.for_node(n), "router": None, "setup": plan.setup.get(n, ())}
+    sections: list[dict[str, Any]] = [{"node": n, "workers": plan.for_node(n), "router": None, "setup": plan.setup.get(n, ())}
                 for n in nodes]
     if plan.router is not None and (node is None or node == plan.router.node):
         if node is None:  # whole plan: the router starts last, after every node's workers

@@ -249,7 +249,7 @@ def read_router(r: Reader, top: dict[str, Any]) -> Router | None:
         r.problem("router.api_key_env", f"api_key_env must be the NAME of an environment variable (e.g. "
                                         f"EPD_ROUTER_API_KEY), not the key itself; got a value that is not a name")
         key_env = None
-    port_args = dict(minimum=1, maximum=65535)
+    port_args: dict[str, Any] = dict(minimum=1, maximum=65535)
     return Router(node=node or "", host=r.get(m, "router", "host", "str", default="127.0.0.1"),
                   port=r.get(m, "router", "port", "int", **port_args),
                   prometheus_host=r.get(m, "router", "prometheus_host", "str"),
