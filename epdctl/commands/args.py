@@ -1,11 +1,16 @@
-"""What several commands accept the same way: a CLUSTER argument that may be a topology file."""
+"""What several commands accept and report the same way: a CLUSTER argument that may be a topology
+file, and a topology that does not load."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
+from epdctl.errors import EpdctlError, TopologyError
 from epdctl.state import list_clusters
 
 
@@ -24,3 +29,19 @@ def complete_cluster(ctx: click.Context, param: click.Parameter, incomplete: str
         return [n for n in list_clusters() if n.startswith(incomplete)]
     except OSError:
         return []
+
+
+@contextmanager
+def topology_problems(topology: str, hint: str = "") -> Iterator[None]:
+    """Inside: load/render a topology. A TopologyError prints every problem (file:line, YAML path, fix),
+    another EpdctlError its message; both exit 1."""
+    try:
+        yield
+    except TopologyError as e:
+        click.secho(f"{topology}: {len(e.problems)} problem(s){hint}:", fg="red", err=True)
+        for p in e.problems:
+            click.echo(f"  {p.format(topology)}", err=True)
+        sys.exit(1)
+    except EpdctlError as e:
+        click.secho(f"{topology}: {e}", fg="red", err=True)
+        sys.exit(1)

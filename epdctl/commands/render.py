@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from epdctl.errors import EpdctlError, TopologyError
+from epdctl.commands.args import topology_problems
 from epdctl.render import build_plan, to_json, to_shell
 from epdctl.topology import load_topology
 
@@ -26,21 +26,13 @@ from epdctl.topology import load_topology
 def render(topology: str, node: str | None, fmt: str, out: Path | None, launcher: str,
            template: Path | None) -> None:
     """Render the launch plan of a topology (start order: encoders, prefills, decodes, router)."""
-    try:
+    with topology_problems(topology, "; run `epdctl validate` for details"):
         topo = load_topology(topology)
         plan = build_plan(topo)
         if launcher == "slurm":
             from epdctl.slurm.sbatch import render_sbatch
 
             text = render_sbatch(topo, plan, template)
-    except TopologyError as e:
-        click.secho(f"{topology}: {len(e.problems)} problem(s); run `epdctl validate` for details:", fg="red", err=True)
-        for p in e.problems:
-            click.echo(f"  {p.format(topology)}", err=True)
-        sys.exit(1)
-    except EpdctlError as e:
-        click.secho(f"{topology}: {e}", fg="red", err=True)
-        sys.exit(1)
     if launcher == "slurm":
         if out is None:
             click.echo(text, nl=False)

@@ -10,7 +10,8 @@ import sys
 
 import click
 
-from epdctl.errors import EpdctlError, TopologyError
+from epdctl.commands.args import topology_problems
+from epdctl.errors import EpdctlError
 from epdctl.render import build_plan
 from epdctl.topology import load_topology
 from epdctl.topology.fixes import Fix, find_fixes
@@ -56,17 +57,9 @@ def validate(topology: str, fix: bool) -> None:
         for msg in f.messages(warnings_only=True):
             click.secho(f"  warning: {where}, {f.path}: {msg} (`epdctl validate --fix` rewrites it)", fg="yellow",
                         err=True)
-    try:
+    with topology_problems(topology):
         topo = load_topology(topology)
         plan = build_plan(topo)
-    except TopologyError as e:
-        click.secho(f"{topology}: {len(e.problems)} problem(s):", fg="red", err=True)
-        for p in e.problems:
-            click.echo(f"  {p.format(topology)}", err=True)
-        sys.exit(1)
-    except EpdctlError as e:
-        click.secho(f"{topology}: {e}", fg="red", err=True)
-        sys.exit(1)
     counts = ", ".join(f"{len(topo.role_workers(r))} {r.value}" for r in Role if topo.role_workers(r))
     router = f", router {topo.router.implementation} on {topo.router.node}" if topo.router else ""
     procs = len(plan.workers) + (1 if plan.router else 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from epdctl.preflight.judgement import digits
 
@@ -183,25 +184,29 @@ def read_ibstat(text: str) -> RdmaRead:
         key, value = key.strip(), value.strip()
         if key == "Node GUID":
             guid = value
-        if cur is None:
-            continue
-        if key == "State":
-            cur["state"] = state_word(value)
-        elif key == "Physical state":
-            cur["phys_state"] = state_word(value)
-        elif key == "Rate":
-            cur["rate_gbps"] = _float(value)
-        elif key == "Link layer":
-            cur["link_layer"] = value
-        elif key == "Base lid":
-            cur["lid"] = _int(value)
-        elif key == "SM lid":
-            cur["sm_lid"] = _int(value)
-        elif key == "Port GUID":
-            cur["port_guid"] = value
+        if cur is not None:
+            _set_field(cur, _IBSTAT_FIELDS, key, value)
     if cur:
         out.ports.append(IbPort(**cur))
     return _note_gaps(out)
+
+
+# Port fields as each tool names them: the IbPort field and how its value is read.
+_IBSTAT_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "State": ("state", state_word), "Physical state": ("phys_state", state_word),
+    "Rate": ("rate_gbps", _float), "Link layer": ("link_layer", str), "Base lid": ("lid", _int),
+    "SM lid": ("sm_lid", _int), "Port GUID": ("port_guid", str)}
+_IBSTATUS_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "state": ("state", state_word), "phys state": ("phys_state", state_word),
+    "rate": ("rate_gbps", _float), "link_layer": ("link_layer", str), "base lid": ("lid", _int),
+    "sm lid": ("sm_lid", _int), "default gid": ("gids", lambda v: {0: v})}
+
+
+def _set_field(cur: dict[str, Any], fields: dict[str, tuple[str, Callable[[str], Any]]], key: str,
+               value: str) -> None:
+    if key in fields:
+        name, read = fields[key]
+        cur[name] = read(value)
 
 
 def read_ibstatus(text: str) -> RdmaRead:
@@ -220,21 +225,7 @@ def read_ibstatus(text: str) -> RdmaRead:
         if cur is None:
             continue
         key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "state":
-            cur["state"] = state_word(value)
-        elif key == "phys state":
-            cur["phys_state"] = state_word(value)
-        elif key == "rate":
-            cur["rate_gbps"] = _float(value)
-        elif key == "link_layer":
-            cur["link_layer"] = value
-        elif key == "base lid":
-            cur["lid"] = _int(value)
-        elif key == "sm lid":
-            cur["sm_lid"] = _int(value)
-        elif key == "default gid":
-            cur["gids"] = {0: value}
+        _set_field(cur, _IBSTATUS_FIELDS, key.strip(), value.strip())
     if cur:
         out.ports.append(IbPort(**cur))
     return _note_gaps(out)
