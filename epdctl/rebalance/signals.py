@@ -1,0 +1,91 @@
+"""What `rebalance --auto` sees of a live cluster: one ``Sample`` per look.
+
+Per role, the policy wants the role's OWN work, not queues that mix stages: on a prefill,
+requests waiting for their embeddings count as running; on a decode, requests waiting for their
+KV count as waiting, so under an encoder bottleneck ``/v1/loads`` makes the prefill and decode
+look busy and the encoder (which has no ``/v1/loads``) invisible. Embedded workers export
+``epd_<role>_busy_seconds_total`` (seconds their compute thread spent on the role's work) and
+``epd_<role>_own_queue_depth`` (work queued for that thread alone); the collector turns the
+counter into a utilisation (busy seconds per second, 0..1 per worker, mean over the role) and
+uses the own queue. Workers that do not export them (SGLang, vLLM) fall back to ``/v1/loads``
+running + waiting (encoders: their ``queue_depth``), and give no utilisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epdctl import metrics
+from epdctl.probes import get_loads, http
+from epdctl.rebalance.auto import ROLES, Sample
+
+BUSY = "_busy_seconds_total"
+OWN_QUEUE = "_own_queue_depth"
+
+
+def _find(m: dict[str, float], suffix: str) -> float | None:
+    vals = [v for k, v in m.items() if k.startswith("epd_") and k.endswith(suffix)]
+    return sum(vals) if vals else None
+
+
+class Collector:
+    """Reads the live metrics a Sample needs (worker ``/metrics`` and ``/v1/loads``, router TTFT)."""
+
+    def __init__(self, prometheus_url: str | None):
+        self.prometheus_url = prometheus_url
+        self._ttft: tuple[float, float] | None = None
+        self._busy: dict[tuple[str, str], tuple[float, float]] = {}  # (url, role) -> (t, busy s)
+
+    def sample(self, t: float, workers: list[Any]) -> Sample:
+        counts = {r: 0 for r in ROLES}
+        queue = {r: 0.0 for r in ROLES}
+        utils: dict[str, list[float]] = {r: [] for r in ROLES}
+        seen: set[tuple[str, str]] = set()
+        for w in workers:
+            if w.role not in counts or not getattr(w, "is_leader", True):
+                continue
+            counts[w.role] += 1
+            m = metrics.worker(w.url)
+            own = _find(m, OWN_QUEUE)
+            if own is not None:
+                queue[w.role] += own
+            elif w.role == "encoder":
+                queue["encoder"] += sum(v for k, v in m.items() if k.endswith("queue_depth"))
+            else:
+                load = get_loads(w.url)
+                if load is not None:
+                    queue[w.role] += load.running + load.waiting
+            key = (w.url, w.role)
+            seen.add(key)
+            u = self._utilisation(key, t, _find(m, BUSY))
+            if u is not None:
+                utils[w.role].append(u)
+        self._busy = {k: v for k, v in self._busy.items() if k in seen}  # moved workers start over
+        util = {r: sum(v) / len(v) for r, v in utils.items() if v}
+        return Sample(t=t, counts=counts, queue=queue, ttft=self._ttft_mean(), util=util)
+
+    def _utilisation(self, key: tuple[str, str], t: float, busy: float | None) -> float | None:
+        """Busy seconds per second since the previous look (None on the first look, or when the
+        worker does not export busy time). A counter that went back (the role's servers were
+        rebuilt by an in-place switch) counts from zero, as Prometheus' rate() does."""
+        if busy is None:
+            self._busy.pop(key, None)
+            return None
+        prev, self._busy[key] = self._busy.get(key), (t, busy)
+        if prev is None or t <= prev[0]:
+            return None
+        delta = busy - prev[1] if busy >= prev[1] else busy
+        return max(0.0, min(1.0, delta / (t - prev[0])))
+
+    def _ttft_mean(self) -> float | None:
+        if not self.prometheus_url:
+            return None
+        r = http("GET", self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
+        if not r.ok:
+            return None
+        m = metrics.summed(r.body.decode(errors="replace"))
+        cur = (m.get("smg_pd_ttft_seconds_sum", 0.0), m.get("smg_pd_ttft_seconds_count", 0.0))
+        prev, self._ttft = self._ttft, cur
+        if prev is None or cur[1] <= prev[1]:
+            return None
+        return (cur[0] - prev[0]) / (cur[1] - prev[1])
