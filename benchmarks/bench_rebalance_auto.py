@@ -52,30 +52,45 @@ def topology(h: Harness, name: str, base: int) -> Path:
     return h.topology(doc, name)
 
 
+def _mean(xs: list[float]) -> float | None:
+    return round(statistics.mean(xs), 2) if xs else None
+
+
+def segment(load: PhasedLoad, samples: list[dict[str, Any]], name: str, a: float, b: float
+            ) -> dict[str, Any]:
+    """One stretch of one layout under one phase: what the policy saw and what clients got."""
+    inside = [s for s in samples if a <= s["t"] < b]
+    per_worker = lambda s, key, r: s[key].get(r, 0.0) / max(1, s["counts"][r])  # noqa: E731
+    return {"phase": name, "from_s": round(a - load.started, 1),
+            "to_s": round(b - load.started, 1),
+            "layout": ("/".join(f"{inside[0]['counts'][r]}{r[0].upper()}" for r in ROLES)
+                       if inside else None),
+            "utilisation": {r: _mean([s["util"][r] for s in inside if r in s["util"]])
+                            for r in ROLES},
+            "own_queue_per_worker": {r: _mean([per_worker(s, "queue", r) for s in inside])
+                                     for r in ROLES},
+            "v1_loads_per_worker": {r: _mean([per_worker(s, "loads", r) for s in inside])
+                                    for r in ROLES},
+            **load.summary(a, b)}
+
+
 def timeline(load: PhasedLoad, samples: list[dict[str, Any]], history: list[dict[str, Any]]
              ) -> dict[str, Any]:
-    """Per phase: mean signals, latency, failures; per move: when, what, which path, how long."""
+    """Phases cut at every move: per stretch the layout, mean signals, latency and failures;
+    per move when, what, which path, why and how long."""
     t0 = load.started
-    phases = []
+    cuts = sorted(rec["finished"] for rec in history)
+    stretches = []
     for name, a, b in load.bounds():
-        inside = [s for s in samples if a <= s["t"] < b]
-
-        def mean(key: str, role: str, per_worker: bool = False) -> float | None:
-            xs = [s[key][role] / (max(1, s["counts"][role]) if per_worker else 1)
-                  for s in inside if role in s[key]]
-            return round(statistics.mean(xs), 2) if xs else None
-
-        phases.append({"phase": name, "from_s": round(a - t0, 1), "to_s": round(b - t0, 1),
-                       "utilisation": {r: mean("util", r) for r in ROLES},
-                       "own_queue_per_worker": {r: mean("queue", r, True) for r in ROLES},
-                       **load.summary(a, b)})
+        edges = [a, *[c for c in cuts if a < c < b], b]
+        stretches += [segment(load, samples, name, x, y) for x, y in zip(edges, edges[1:])]
     moves = []
     for rec in history:
         for m in rec["moves"]:
             steps = m.get("steps", {})
             at = rec["started"]
-            moves.append({"at_s": round(at - t0, 1),
-                          "phase": (load.phase_at(at).name if load.phase_at(at) else "after"),
+            phase = load.phase_at(at)
+            moves.append({"at_s": round(at - t0, 1), "phase": phase.name if phase else "after",
                           "move": f"{m['move']['worker']} ({m['move']['old_role']}) -> "
                                   f"{m['move']['new_name']} ({m['move']['new_role']})",
                           "outcome": m["outcome"], "path": m.get("taken"),
@@ -83,9 +98,28 @@ def timeline(load: PhasedLoad, samples: list[dict[str, Any]], history: list[dict
                           "out_of_service_s": round(sum(v for k, v in steps.items()
                                                         if k != "verify"), 2),
                           "steps_s": steps})
-    return {"phases": phases, "moves": moves, "failed": sum(not r.ok for r in load.records),
-            "requests": len(load.records),
+    return {"timeline": stretches, "moves": moves,
+            "phases": [{"phase": n, **load.summary(a, b)} for n, a, b in load.bounds()],
+            "failed": sum(not r.ok for r in load.records), "requests": len(load.records),
             "errors": sorted({r.error for r in load.records if not r.ok})[:5]}
+
+
+def table(report: dict[str, Any]) -> str:
+    """The timeline as the markdown table docs/rebalance.md carries."""
+    rows = ["| from-to (s) | load | layout E/P/D | busy E / P / D | /v1/loads P / D | own queue "
+            "E / P / D | requests | failed | p50 | p99 |", "|" + "---|" * 10]
+    f = lambda d: " / ".join("-" if d[r] is None else f"{d[r]:.2f}" for r in ROLES)  # noqa: E731
+    for s in report["timeline"]:
+        loads = s["v1_loads_per_worker"]
+        rows.append(f"| {s['from_s']:.0f}-{s['to_s']:.0f} | {s['phase']} | {s['layout']} | "
+                    f"{f(s['utilisation'])} | {loads['prefill']} / {loads['decode']} | "
+                    f"{f(s['own_queue_per_worker'])} | {s['requests']} | {s['failed']} | "
+                    f"{s['p50_s']} s | {s['p99_s']} s |")
+    rows.append("")
+    for m in report["moves"]:
+        rows.append(f"- {m['at_s']:.0f} s ({m['phase']}): {m['move']}, {m['path']}, "
+                    f"{m['outcome']}, out of service {m['out_of_service_s']} s; {m['reason']}")
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -148,6 +182,7 @@ def main() -> None:
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(out)
     print(json.dumps(report, indent=2))
+    print(table(report))
 
 
 if __name__ == "__main__":

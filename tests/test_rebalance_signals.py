@@ -104,6 +104,7 @@ def test_collector_turns_busy_seconds_into_utilisation_and_uses_the_own_queue(cl
     first = c.sample(100.0, plan(base, ROLES))
     assert first.util == {}  # a rate needs two looks
     assert first.queue == {"encoder": 0.0, "prefill": 0.0, "decode": 0.0}  # own queues, not 7s
+    assert first.loads["encoder"] == 7.0  # the outside view is kept for the log
     workers["e0"].busy, workers["e0"].own = 1.9, 3     # 1.9 s busy in 2 s
     workers["p0"].busy = 0.4
     workers["d0"].busy, workers["d1"].busy = 0.2, 0.6

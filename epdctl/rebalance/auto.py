@@ -25,6 +25,7 @@ class Sample:
     ttft: float | None = None             # seconds, mean since the previous sample
     tpot: float | None = None
     util: dict[str, float] = field(default_factory=dict)  # busy s per s, mean per worker (0..1)
+    loads: dict[str, float] = field(default_factory=dict)  # `/v1/loads` running + waiting (logged)
 
 
 @dataclass(frozen=True)

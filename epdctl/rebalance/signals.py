@@ -28,6 +28,11 @@ def _find(m: dict[str, float], suffix: str) -> float | None:
     return sum(vals) if vals else None
 
 
+def _loads(url: str) -> float:
+    load = get_loads(url)
+    return float(load.running + load.waiting) if load is not None else 0.0
+
+
 class Collector:
     """Reads the live metrics a Sample needs (worker ``/metrics`` and ``/v1/loads``, router TTFT)."""
 
@@ -39,6 +44,7 @@ class Collector:
     def sample(self, t: float, workers: list[Any]) -> Sample:
         counts = {r: 0 for r in ROLES}
         queue = {r: 0.0 for r in ROLES}
+        loads = {r: 0.0 for r in ROLES}  # the outside view (`/v1/loads`), logged for comparison
         utils: dict[str, list[float]] = {r: [] for r in ROLES}
         seen: set[tuple[str, str]] = set()
         for w in workers:
@@ -46,15 +52,12 @@ class Collector:
                 continue
             counts[w.role] += 1
             m = metrics.worker(w.url)
+            outside = (sum(v for k, v in m.items() if k.endswith("queue_depth")
+                           and not k.endswith(OWN_QUEUE)) if w.role == "encoder"
+                       else _loads(w.url))
+            loads[w.role] += outside
             own = _find(m, OWN_QUEUE)
-            if own is not None:
-                queue[w.role] += own
-            elif w.role == "encoder":
-                queue["encoder"] += sum(v for k, v in m.items() if k.endswith("queue_depth"))
-            else:
-                load = get_loads(w.url)
-                if load is not None:
-                    queue[w.role] += load.running + load.waiting
+            queue[w.role] += own if own is not None else outside
             key = (w.url, w.role)
             seen.add(key)
             u = self._utilisation(key, t, _find(m, BUSY))
@@ -62,7 +65,8 @@ class Collector:
                 utils[w.role].append(u)
         self._busy = {k: v for k, v in self._busy.items() if k in seen}  # moved workers start over
         util = {r: sum(v) / len(v) for r, v in utils.items() if v}
-        return Sample(t=t, counts=counts, queue=queue, ttft=self._ttft_mean(), util=util)
+        return Sample(t=t, counts=counts, queue=queue, ttft=self._ttft_mean(), util=util,
+                      loads=loads)
 
     def _utilisation(self, key: tuple[str, str], t: float, busy: float | None) -> float | None:
         """Busy seconds per second since the previous look (None on the first look, or when the
