@@ -122,7 +122,8 @@ def test_a_worker_switched_in_place_starts_its_rate_over(cluster) -> None:
     workers["d1"].busy = 51.0
     assert c.sample(2.0, plan(base, ROLES)).util["decode"] == pytest.approx(0.25)  # (0 + 0.5) / 2
     moved = {**ROLES, "d1": "encoder"}       # same URL, new role: no rate from the old counter
-    workers["d1"].busy = 0.3                  # the new role's servers count from zero
+    workers["d1"] = Worker("encoder")         # the new role's servers, counting from zero
+    workers["d1"].busy = 0.3
     s = c.sample(4.0, plan(base, moved))
     assert s.counts["encoder"] == 2 and s.util["encoder"] == 0.0  # only e0 has a rate yet
     workers["d1"].busy = 0.1                  # a counter that went back counts from zero

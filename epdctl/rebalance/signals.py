@@ -3,12 +3,13 @@
 Per role, the policy wants the role's OWN work, not queues that mix stages: on a prefill,
 requests waiting for their embeddings count as running; on a decode, requests waiting for their
 KV count as waiting, so under an encoder bottleneck ``/v1/loads`` makes the prefill and decode
-look busy and the encoder (which has no ``/v1/loads``) invisible. Embedded workers export
-``epd_<role>_busy_seconds_total`` (seconds their compute thread spent on the role's work) and
-``epd_<role>_own_queue_depth`` (work queued for that thread alone); the collector turns the
-counter into a utilisation (busy seconds per second, 0..1 per worker, mean over the role) and
-uses the own queue. Workers that do not export them (SGLang, vLLM) fall back to ``/v1/loads``
-running + waiting (encoders: their ``queue_depth``), and give no utilisation.
+look busy and the encoder (which has no ``/v1/loads``) invisible. Each worker's ``/metrics``
+page is read for its role's busy seconds and own queue (``own_work.py``: the embedded runtime's
+``epd_<role>_*`` series, SGLang's forward-time and scheduler-queue series); the collector turns
+the busy counter into a utilisation (busy seconds per second, 0..1 per worker, mean over the
+role) and uses the own queue. A worker that exports neither (vLLM; SGLang without
+``--enable-metrics``) falls back to ``/v1/loads`` running + waiting (encoders: their
+``queue_depth``) and gives no utilisation. The ``/v1/loads`` view is kept in the sample (logged).
 """
 
 from __future__ import annotations
@@ -18,14 +19,13 @@ from typing import Any
 from epdctl import metrics
 from epdctl.probes import get_loads, http
 from epdctl.rebalance.auto import ROLES, Sample
-
-BUSY = "_busy_seconds_total"
-OWN_QUEUE = "_own_queue_depth"
+from epdctl.rebalance.own_work import busy_seconds, own_queue
 
 
-def _find(m: dict[str, float], suffix: str) -> float | None:
-    vals = [v for k, v in m.items() if k.startswith("epd_") and k.endswith(suffix)]
-    return sum(vals) if vals else None
+
+def _page(url: str) -> dict[str, float]:
+    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
+    return metrics.parse(r.body.decode(errors="replace")) if r.ok else {}
 
 
 def _loads(url: str) -> float:
@@ -51,16 +51,15 @@ class Collector:
             if w.role not in counts or not getattr(w, "is_leader", True):
                 continue
             counts[w.role] += 1
-            m = metrics.worker(w.url)
-            outside = (sum(v for k, v in m.items() if k.endswith("queue_depth")
-                           and not k.endswith(OWN_QUEUE)) if w.role == "encoder"
-                       else _loads(w.url))
+            page = _page(w.url)
+            outside = (sum(v for k, v in page.items() if k.split("{", 1)[0].endswith("queue_depth")
+                           and "_own_" not in k) if w.role == "encoder" else _loads(w.url))
             loads[w.role] += outside
-            own = _find(m, OWN_QUEUE)
+            own = own_queue(page, w.role)
             queue[w.role] += own if own is not None else outside
             key = (w.url, w.role)
             seen.add(key)
-            u = self._utilisation(key, t, _find(m, BUSY))
+            u = self._utilisation(key, t, busy_seconds(page, w.role))
             if u is not None:
                 utils[w.role].append(u)
         self._busy = {k: v for k, v in self._busy.items() if k in seen}  # moved workers start over
