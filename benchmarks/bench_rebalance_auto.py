@@ -4,7 +4,8 @@ Starts a 1-encoder / 1-prefill / 2-decode embedded cluster with ``rebalance: {in
 (ports 38500-38599, state in a temp dir), runs ``--clients`` request loops through the router
 (images-heavy: ``--images`` fresh images per request and 8 output tokens; then text-only: no
 image, ``--text-tokens`` output tokens) and, beside them, `epdctl rebalance --auto --apply`
-(``--interval``, ``--sustain``, ``--cooldown``, its per-sample JSON log). Prints and writes
+(``--interval``, ``--window``, ``--busy-high``, ``--sustain``, ``--cooldown``, its per-sample JSON
+log). Prints and writes
 (benchmarks/results/rebalance_auto.json) the timeline: each phase with the mean per-role signals
 the policy saw (utilisation = busy seconds per second per worker, own queue per worker) and
 p50/p99 latency and failures, and each move the policy made (when, direction, path, out of
@@ -124,12 +125,14 @@ def table(report: dict[str, Any]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--clients", type=int, default=6)
     ap.add_argument("--images", type=int, default=16, help="images per images-heavy request")
     ap.add_argument("--text-tokens", type=int, default=64)
     ap.add_argument("--phase", type=float, default=60.0, help="seconds per load phase")
     ap.add_argument("--phases", default="images,text", help="comma-separated phase names")
     ap.add_argument("--interval", type=float, default=2.0)
+    ap.add_argument("--window", type=float, default=6.0)
+    ap.add_argument("--busy-high", type=float, default=0.7)
     ap.add_argument("--sustain", type=int, default=3)
     ap.add_argument("--cooldown", type=float, default=20.0)
     ap.add_argument("--base", type=int, default=BASE)
@@ -154,7 +157,8 @@ def main() -> None:
         load.start()
         auto = subprocess.Popen(
             [sys.executable, "-m", "epdctl", "rebalance", name, "--auto", "--apply",
-             "--interval", str(args.interval), "--sustain", str(args.sustain),
+             "--interval", str(args.interval), "--window", str(args.window),
+             "--busy-high", str(args.busy_high), "--sustain", str(args.sustain),
              "--cooldown", str(args.cooldown), "--iterations", str(int(total / args.interval)),
              "--log-json", str(log)],
             env=h.env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -175,6 +179,7 @@ def main() -> None:
     samples = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
     report = {"clients": args.clients, "images_per_request": args.images,
               "text_tokens": args.text_tokens, "interval_s": args.interval,
+              "window_s": args.window, "busy_high": args.busy_high,
               "sustain": args.sustain, "cooldown_s": args.cooldown,
               "load_avg_1m": [round(x, 2) for x in uptime], "auto_rc": auto.returncode if auto else None,
               **timeline(load, samples, hist)}

@@ -161,3 +161,25 @@ def test_a_busy_role_in_the_hysteresis_band_neither_asks_nor_gives() -> None:
     assert decide(pol, AutoState(), _sample(0, {"encoder": 0.95, "decode": 0.5}, counts))[0] is None
     prop = decide(pol, AutoState(), _sample(0, {"encoder": 0.95, "decode": 0.3}, counts))[0]
     assert prop is not None and (prop.target, prop.source) == ("encoder", "decode")
+
+
+def test_a_window_averages_the_utilisation_over_several_looks(cluster) -> None:
+    """With ``window`` 4 s and a look every 2 s, each utilisation covers the last 4 s, so one
+    noisy 2 s stretch moves it half as much; with no window it is the last 2 s alone."""
+    workers, base = cluster
+    smooth, raw = Collector(None, window=4.0), Collector(None)
+    busy = 0.0
+    got = []
+    for i, step in enumerate([1.8, 1.8, 0.6, 1.8]):  # busy seconds in each 2 s stretch
+        workers["e0"].busy = busy
+        s, r = smooth.sample(2.0 * i, plan(base, ROLES)), raw.sample(2.0 * i, plan(base, ROLES))
+        got.append((s.util.get("encoder"), r.util.get("encoder")))
+        busy += step
+    workers["e0"].busy = busy
+    got.append((smooth.sample(8.0, plan(base, ROLES)).util["encoder"],
+                raw.sample(8.0, plan(base, ROLES)).util["encoder"]))
+    assert got[0] == (None, None)
+    assert got[1] == (pytest.approx(0.9), pytest.approx(0.9))      # only 2 s seen yet
+    assert got[2] == (pytest.approx(0.9), pytest.approx(0.9))      # 4 s: both stretches at 0.9
+    assert got[3] == (pytest.approx(0.6), pytest.approx(0.3))      # the dip, halved by the window
+    assert got[4] == (pytest.approx(0.6), pytest.approx(0.9))

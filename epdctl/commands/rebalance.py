@@ -107,6 +107,8 @@ def _report(rec: dict[str, Any]) -> None:
 @click.option("--apply", "auto_apply", is_flag=True, help="--auto: apply moves (else propose).")
 @click.option("--interval", type=float, default=5.0, show_default=True, help="--auto: seconds.")
 @click.option("--iterations", type=int, default=0, help="--auto: stop after N samples (0: never).")
+@click.option("--window", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              help="--auto: seconds each utilisation is averaged over (0: since the last sample).")
 @click.option("--sustain", type=int, default=3, show_default=True,
               help="--auto: samples in a row that must agree before a move.")
 @click.option("--cooldown", type=float, default=120.0, show_default=True,
@@ -126,7 +128,7 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
               d_decode: str | None, source: str | None, dry_run: bool, yes: bool,
               drain_timeout: float, timeout: float, no_verify: bool, force_restart: bool,
               auto: bool,
-              auto_apply: bool, interval: float, iterations: int, sustain: int,
+              auto_apply: bool, interval: float, iterations: int, window: float, sustain: int,
               cooldown: float, queue_high: float, queue_low: float, busy_high: float,
               busy_low: float, ttft_target: float | None, log_json: str | None) -> None:
     """Move workers of a running CLUSTER between roles without dropping requests.
@@ -155,7 +157,7 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
         policy = Policy(high=queue_high, low=queue_low, ttft_target=ttft_target,
                         sustain=sustain, cooldown=cooldown, busy_high=busy_high,
                         busy_low=busy_low)
-        _auto_loop(cdir, policy, opts, auto_apply, interval, iterations, log_json)
+        _auto_loop(cdir, policy, opts, auto_apply, interval, iterations, log_json, window)
         return
     deltas = {"encoder": parse_delta(d_encoder, "--encoder"),
               "prefill": parse_delta(d_prefill, "--prefill"),
@@ -176,7 +178,7 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
 
 
 def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: float,
-               iterations: int, log_json: str | None = None) -> None:
+               iterations: int, log_json: str | None = None, window: float = 0.0) -> None:
     from epdctl.rebalance.auto import AutoState, decide
     from epdctl.rebalance.current import current_topology
     from epdctl.rebalance.signals import Collector
@@ -196,7 +198,7 @@ def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: 
         if collector is None:
             prom = (f"http://{plan.router.host}:{plan.router.prometheus_port}"
                     if plan.router else None)
-            collector = Collector(prom)
+            collector = Collector(prom, window=window)
         sample = collector.sample(time.time(), plan.workers)
         prop, st = decide(policy, st, sample)
         q = " ".join(f"{r}={sample.counts[r]}w/{sample.queue[r]:.0f}q"

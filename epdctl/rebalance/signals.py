@@ -36,10 +36,13 @@ def _loads(url: str) -> float:
 class Collector:
     """Reads the live metrics a Sample needs (worker ``/metrics`` and ``/v1/loads``, router TTFT)."""
 
-    def __init__(self, prometheus_url: str | None):
+    def __init__(self, prometheus_url: str | None, window: float = 0.0):
         self.prometheus_url = prometheus_url
+        self.window = window  # seconds a utilisation is averaged over (0: since the last look)
         self._ttft: tuple[float, float] | None = None
-        self._busy: dict[tuple[str, str], tuple[float, float]] = {}  # (url, role) -> (t, busy s)
+        # (url, role) -> [(t, busy seconds counted from the first look, resets corrected)],
+        # plus the counter's last raw value
+        self._busy: dict[tuple[str, str], tuple[list[tuple[float, float]], float]] = {}
 
     def sample(self, t: float, workers: list[Any]) -> Sample:
         counts = {r: 0 for r in ROLES}
@@ -68,17 +71,25 @@ class Collector:
                       loads=loads)
 
     def _utilisation(self, key: tuple[str, str], t: float, busy: float | None) -> float | None:
-        """Busy seconds per second since the previous look (None on the first look, or when the
-        worker does not export busy time). A counter that went back (the role's servers were
-        rebuilt by an in-place switch) counts from zero, as Prometheus' rate() does."""
+        """Busy seconds per second over the last ``window`` seconds (at least since the previous
+        look; None on the first look, or when the worker does not export busy time). A counter
+        that went back (the role's servers were rebuilt by an in-place switch) counts from zero,
+        as Prometheus' rate() does."""
         if busy is None:
             self._busy.pop(key, None)
             return None
-        prev, self._busy[key] = self._busy.get(key), (t, busy)
-        if prev is None or t <= prev[0]:
+        if key not in self._busy:
+            self._busy[key] = ([(t, 0.0)], busy)
             return None
-        delta = busy - prev[1] if busy >= prev[1] else busy
-        return max(0.0, min(1.0, delta / (t - prev[0])))
+        points, raw = self._busy[key]
+        if t <= points[-1][0]:
+            return None
+        points.append((t, points[-1][1] + (busy - raw if busy >= raw else busy)))
+        while len(points) > 2 and points[1][0] <= t - self.window:
+            points.pop(0)
+        self._busy[key] = (points, busy)
+        (t0, b0), (t1, b1) = points[0], points[-1]
+        return max(0.0, min(1.0, (b1 - b0) / (t1 - t0)))
 
     def _ttft_mean(self) -> float | None:
         if not self.prometheus_url:

@@ -1,10 +1,10 @@
 """`rebalance --auto --apply` on a live cluster whose load changes shape, with clients throughout.
 
 A 1-encoder / 1-prefill / 2-decode embedded cluster with ``rebalance: {in_place: true}`` (ports
-38400-38499) is started with `epdctl up`. Four client loops send through the router: 40 s of
+38400-38499) is started with `epdctl up`. Six client loops send through the router: 40 s of
 images-heavy requests (16 never-seen images each, 8 tokens), then 40 s of text-only requests
-(64 tokens). Beside them `epdctl rebalance --auto --apply` samples every 2 s (sustain 3, cool-down
-15 s). The policy must move a decode to the encoders during the images phase and an encoder back
+(64 tokens). Beside them `epdctl rebalance --auto --apply` samples every 2 s (utilisation over
+6 s, short at 0.7, sustain 3, cool-down 15 s). The policy must move a decode to the encoders during the images phase and an encoder back
 to the decodes during the text phase, each in place and done; every move the policy made must be
 in the phase that asks for it (no flapping), moves must be a cool-down apart, the cluster must end
 as it started, and no request may fail. The busy-time signals it logged must show the encoder as
@@ -29,7 +29,8 @@ from test_rebalance_live import ROOT, Live, expect, live_cluster, topology
 
 BASE = 38400
 PHASE_S = 40.0
-INTERVAL, SUSTAIN, COOLDOWN = 2.0, 3, 15.0
+INTERVAL, WINDOW, SUSTAIN, COOLDOWN = 2.0, 6.0, 3, 15.0
+BUSY_HIGH = 0.7  # six client loops on two shared cores keep the encoder near 0.8, not above it
 
 
 def settled(c: Live, enc: int, pre: int, dec: int, settle: float = 30.0) -> None:
@@ -54,12 +55,13 @@ def test_auto_moves_toward_the_encoder_under_images_and_back_under_text(live: Li
                                                                          tmp_path: Path) -> None:
     settled(live, 1, 1, 2)
     load = PhasedLoad(live.router, [Phase("images", PHASE_S, images=16, max_tokens=8),
-                                    Phase("text", PHASE_S, max_tokens=64)], clients=4)
+                                    Phase("text", PHASE_S, max_tokens=64)], clients=6)
     log = tmp_path / "auto.jsonl"
     load.start()
     auto = subprocess.Popen(
         [sys.executable, "-m", "epdctl", "rebalance", live.name, "--auto", "--apply",
-         "--interval", str(INTERVAL), "--sustain", str(SUSTAIN), "--cooldown", str(COOLDOWN),
+         "--interval", str(INTERVAL), "--window", str(WINDOW), "--sustain", str(SUSTAIN),
+         "--cooldown", str(COOLDOWN), "--busy-high", str(BUSY_HIGH),
          "--iterations", str(int(2 * PHASE_S / INTERVAL)), "--log-json", str(log)],
         env=live.env, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
