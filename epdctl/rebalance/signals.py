@@ -22,7 +22,6 @@ from epdctl.rebalance.auto import ROLES, Sample
 from epdctl.rebalance.own_work import busy_seconds, own_queue
 
 
-
 def _page(url: str) -> dict[str, float]:
     r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
     return metrics.parse(r.body.decode(errors="replace")) if r.ok else {}
