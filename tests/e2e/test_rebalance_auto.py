@@ -97,7 +97,7 @@ def test_auto_moves_toward_the_encoder_under_images_and_back_under_text(live: Li
     samples = [json.loads(ln) for ln in log.read_text().splitlines()]
     first_move = min(starts)
     before = [s["util"] for s in samples if img_a <= s["t"] < first_move and s["util"]]
-    text = [s["util"] for s in samples if s["t"] >= txt_a + 2 * INTERVAL and s["util"]]
+    text = [s["util"] for s in samples if s["t"] >= txt_a + WINDOW + INTERVAL and s["util"]]
     mean = lambda rows, r: statistics.mean(u.get(r, 0.0) for u in rows)  # noqa: E731
     assert before and mean(before, "encoder") > max(mean(before, "prefill"), mean(before, "decode"))
     assert text and mean(text, "encoder") <= 0.1 < mean(text, "decode")
