@@ -77,3 +77,15 @@ def test_recovery_resets_the_streak() -> None:
     for t, enc in enumerate([10, 10, 0]):
         _, st = decide(pol, st, sample(t, enc))
     assert st.streak == 0 and st.candidate is None
+
+
+def test_auto_options_are_checked_before_anything_is_read() -> None:
+    from click.testing import CliRunner
+
+    from epdctl.cli import cli as main
+
+    r = CliRunner().invoke(main, ["rebalance", "--auto", "--window", "-1"])
+    assert r.exit_code == 2 and "--window" in r.output and "Traceback" not in r.output
+    help_text = CliRunner().invoke(main, ["rebalance", "--help"]).output
+    for opt in ("--busy-high", "--busy-low", "--window", "--log-json"):
+        assert opt in help_text

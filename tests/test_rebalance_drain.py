@@ -227,7 +227,7 @@ def test_router_register_and_remove_a_recorded_sglang_decode(router: RouterClien
 def test_auto_collector_reads_queues_per_role_from_recorded_answers(fake: FakeSglang) -> None:
     from types import SimpleNamespace
 
-    from epdctl.rebalance.auto import Collector
+    from epdctl.rebalance.signals import Collector
 
     fake.busy_polls = 10**9  # stay on the busy fixtures
     workers = [SimpleNamespace(role="encoder", url=fake.url, is_leader=True),

@@ -107,6 +107,8 @@ def _report(rec: dict[str, Any]) -> None:
 @click.option("--apply", "auto_apply", is_flag=True, help="--auto: apply moves (else propose).")
 @click.option("--interval", type=float, default=5.0, show_default=True, help="--auto: seconds.")
 @click.option("--iterations", type=int, default=0, help="--auto: stop after N samples (0: never).")
+@click.option("--window", type=click.FloatRange(min=0), default=15.0, show_default=True,
+              help="--auto: seconds each utilisation is averaged over (0: since the last sample).")
 @click.option("--sustain", type=int, default=3, show_default=True,
               help="--auto: samples in a row that must agree before a move.")
 @click.option("--cooldown", type=float, default=120.0, show_default=True,
@@ -115,14 +117,20 @@ def _report(rec: dict[str, Any]) -> None:
               help="--auto: per-worker queue that makes a role short.")
 @click.option("--queue-low", type=float, default=0.5, show_default=True,
               help="--auto: per-worker queue at which a role may give a worker.")
+@click.option("--busy-high", type=float, default=0.8, show_default=True,
+              help="--auto: per-worker utilisation (busy s per s) that makes a role short.")
+@click.option("--busy-low", type=float, default=0.3, show_default=True,
+              help="--auto: per-worker utilisation at which a role may give a worker.")
 @click.option("--ttft-target", type=float, default=None, help="--auto: TTFT target (s).")
+@click.option("--log-json", "log_json", type=click.Path(dir_okay=False), default=None,
+              help="--auto: append every sample and decision to this file, one JSON line each.")
 def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
               d_decode: str | None, source: str | None, dry_run: bool, yes: bool,
               drain_timeout: float, timeout: float, no_verify: bool, force_restart: bool,
               auto: bool,
-              auto_apply: bool, interval: float, iterations: int, sustain: int,
-              cooldown: float, queue_high: float, queue_low: float,
-              ttft_target: float | None) -> None:
+              auto_apply: bool, interval: float, iterations: int, window: float, sustain: int,
+              cooldown: float, queue_high: float, queue_low: float, busy_high: float,
+              busy_low: float, ttft_target: float | None, log_json: str | None) -> None:
     """Move workers of a running CLUSTER between roles without dropping requests.
 
     Example: `epdctl rebalance --encoder +1 --from decode`. Each moved worker is drained,
@@ -147,8 +155,9 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
         from epdctl.rebalance.auto import Policy
 
         policy = Policy(high=queue_high, low=queue_low, ttft_target=ttft_target,
-                        sustain=sustain, cooldown=cooldown)
-        _auto_loop(cdir, policy, opts, auto_apply, interval, iterations)
+                        sustain=sustain, cooldown=cooldown, busy_high=busy_high,
+                        busy_low=busy_low)
+        _auto_loop(cdir, policy, opts, auto_apply, interval, iterations, log_json, window)
         return
     deltas = {"encoder": parse_delta(d_encoder, "--encoder"),
               "prefill": parse_delta(d_prefill, "--prefill"),
@@ -169,10 +178,10 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
 
 
 def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: float,
-               iterations: int) -> None:
-    from epdctl.rebalance.auto import AutoState, Collector, decide
+               iterations: int, log_json: str | None = None, window: float = 0.0) -> None:
+    from epdctl.rebalance.auto import AutoState, decide
     from epdctl.rebalance.current import current_topology
-    from epdctl.rebalance.plan import plan_rebalance
+    from epdctl.rebalance.signals import Collector
     from epdctl.render import build_plan
 
     st, n = AutoState(), 0
@@ -189,24 +198,50 @@ def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: 
         if collector is None:
             prom = (f"http://{plan.router.host}:{plan.router.prometheus_port}"
                     if plan.router else None)
-            collector = Collector(prom)
+            collector = Collector(prom, window=window)
         sample = collector.sample(time.time(), plan.workers)
         prop, st = decide(policy, st, sample)
-        q = " ".join(f"{r}={sample.counts[r]}w/{sample.queue[r]:.0f}q" for r in sample.counts)
+        q = " ".join(f"{r}={sample.counts[r]}w/{sample.queue[r]:.0f}q"
+                     + (f"/{sample.util[r]:.2f}busy" if r in sample.util else "")
+                     for r in sample.counts)
         click.echo(f"{time.strftime('%H:%M:%S')} {q} streak={st.streak}")
+        outcome = None
         if prop is not None:
             click.secho(f"  proposal: +1 {prop.target} from {prop.source} ({prop.reason})",
                         fg="cyan")
             if apply:
-                try:
-                    rp = plan_rebalance(topo, {prop.target: 1}, prop.source)
-                    rec = _execute(cdir, rp, {"deltas": {prop.target: 1}, "from": prop.source,
-                                              "auto": True, "reason": prop.reason}, opts)
-                    click.echo(f"  applied: {rec['outcome']}")
-                except EpdctlError as e:
-                    click.secho(f"  not applied: {e}", fg="yellow")
+                outcome = _apply(cdir, topo, prop, opts)
+        if log_json:
+            _log_sample(log_json, sample, st, prop, outcome)
         if iterations <= 0 or n < iterations:
             time.sleep(interval)
+
+
+def _apply(cdir: ClusterDir, topo: Any, prop: Any, opts: Any) -> str:
+    """Run one proposal as `rebalance +1 --from`; its outcome, or why it was not applied."""
+    from epdctl.rebalance.plan import plan_rebalance
+
+    try:
+        rp = plan_rebalance(topo, {prop.target: 1}, prop.source)
+        rec = _execute(cdir, rp, {"deltas": {prop.target: 1}, "from": prop.source,
+                                  "auto": True, "reason": prop.reason}, opts)
+    except EpdctlError as e:
+        click.secho(f"  not applied: {e}", fg="yellow")
+        return f"not applied: {e}"
+    click.echo(f"  applied: {rec['outcome']}")
+    return str(rec["outcome"])
+
+
+def _log_sample(path: str, sample: Any, st: Any, prop: Any, outcome: str | None) -> None:
+    from dataclasses import asdict
+
+    doc = {**asdict(sample), "streak": st.streak,
+           "proposal": asdict(prop) if prop is not None else None, "outcome": outcome}
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(doc, sort_keys=True) + "\n")
+    except OSError as e:
+        raise EpdctlError(f"--log-json {path}: cannot write: {e.strerror or e}") from None
 
 
 @click.command()

@@ -1,18 +1,16 @@
 """`epdctl rebalance --auto`: a policy that moves one worker at a time toward the bottleneck.
 
 ``decide`` is pure (sample + previous state -> proposal + next state) so it is tested with
-synthetic metric sequences. It never flaps: a role must look short (per-worker queue above
-``high``, or TTFT/TPOT over target) and another idle (below ``low``) for ``sustain`` samples in a
-row with the *same* pair, and after a move nothing happens for ``cooldown`` seconds.
+synthetic metric sequences. A role is short when its own work is high: per-worker queue at
+``high`` or utilisation (busy seconds per second, `signals.py`) at ``busy_high``, or TTFT/TPOT
+over target; it may give a worker when both are at or below ``low`` / ``busy_low``. It never
+flaps: the same (short, giver) pair must be seen ``sustain`` samples in a row, and after a move
+nothing happens for ``cooldown`` seconds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
-
-from epdctl.probes import get_loads, http
-from epdctl import metrics
 
 ROLES = ("encoder", "prefill", "decode")
 
@@ -26,6 +24,8 @@ class Sample:
     queue: dict[str, float]               # queued + running work per role, summed over workers
     ttft: float | None = None             # seconds, mean since the previous sample
     tpot: float | None = None
+    util: dict[str, float] = field(default_factory=dict)  # busy s per s, mean per worker (0..1)
+    loads: dict[str, float] = field(default_factory=dict)  # `/v1/loads` running + waiting (logged)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class Policy:
     ttft_target: float | None = None
     tpot_target: float | None = None
     sustain: int = 3                      # consecutive agreeing samples before acting
+    busy_high: float = 0.8                # per-worker utilisation at which a role is short
+    busy_low: float = 0.3                 # per-worker utilisation at or below which it can give one
     cooldown: float = 60.0                # seconds after a move with no new move
 
 
@@ -54,8 +56,10 @@ class AutoState:
 
 
 def pressure(policy: Policy, s: Sample) -> dict[str, float]:
-    """Per role: per-worker queue / ``high`` (>= 1 means short), raised by missed targets."""
-    p = {r: (s.queue.get(r, 0.0) / max(1, s.counts.get(r, 0))) / policy.high
+    """Per role: the larger of per-worker queue / ``high`` and utilisation / ``busy_high``
+    (>= 1 means short), raised by missed latency targets."""
+    p = {r: max((s.queue.get(r, 0.0) / max(1, s.counts.get(r, 0))) / policy.high,
+                s.util.get(r, 0.0) / policy.busy_high)
          for r in ROLES if s.counts.get(r, 0) > 0}
     if policy.ttft_target and s.ttft is not None:
         front = max((r for r in ("encoder", "prefill") if r in p), key=lambda r: p[r],
@@ -67,6 +71,14 @@ def pressure(policy: Policy, s: Sample) -> dict[str, float]:
     return p
 
 
+def spare(policy: Policy, s: Sample, role: str) -> bool:
+    """``role`` can give a worker: more than one, per-worker queue <= ``low`` and utilisation
+    <= ``busy_low`` (the band up to ``high`` / ``busy_high`` is the hysteresis)."""
+    n = s.counts.get(role, 0)
+    return (n > 1 and s.queue.get(role, 0.0) / n <= policy.low
+            and s.util.get(role, 0.0) <= policy.busy_low)
+
+
 def candidate(policy: Policy, s: Sample) -> tuple[tuple[str, str] | None, str]:
     """The (target, source) pair this sample asks for, with the reason."""
     p = pressure(policy, s)
@@ -74,13 +86,18 @@ def candidate(policy: Policy, s: Sample) -> tuple[tuple[str, str] | None, str]:
     if not short:
         return None, "no role is short"
     target = max(short, key=lambda r: p[r])
-    idle_ratio = policy.low / policy.high
-    donors = [r for r in p if r != target and s.counts.get(r, 0) > 1 and p[r] <= idle_ratio]
+    donors = [r for r in p if r != target and spare(policy, s, r)]
     if not donors:
         return None, f"{target} is short but no other role has a spare idle worker"
     source = min(donors, key=lambda r: p[r])
-    return (target, source), (f"{target} pressure {p[target]:.2f} >= 1, {source} "
-                              f"{p[source]:.2f} <= {idle_ratio:.2f}")
+    return (target, source), (f"{target} pressure {p[target]:.2f} >= 1 ({_why(s, target)}), "
+                              f"{source} spare ({_why(s, source)})")
+
+
+def _why(s: Sample, role: str) -> str:
+    n = max(1, s.counts.get(role, 0))
+    busy = f", busy {s.util[role]:.2f}" if role in s.util else ""
+    return f"queue {s.queue.get(role, 0.0) / n:.1f}/worker{busy}"
 
 
 def decide(policy: Policy, st: AutoState, s: Sample) -> tuple[Proposal | None, AutoState]:
@@ -96,40 +113,3 @@ def decide(policy: Policy, st: AutoState, s: Sample) -> tuple[Proposal | None, A
         return None, st
     return Proposal(pair[0], pair[1], reason), replace(st, candidate=None, streak=0,
                                                       last_move=s.t)
-
-
-class Collector:
-    """Reads the live metrics a Sample needs (worker `/v1/loads`, encoder and router metrics)."""
-
-    def __init__(self, prometheus_url: str | None):
-        self.prometheus_url = prometheus_url
-        self._ttft: tuple[float, float] | None = None
-
-    def sample(self, t: float, workers: list[Any]) -> Sample:
-        counts = {r: 0 for r in ROLES}
-        queue = {r: 0.0 for r in ROLES}
-        for w in workers:
-            if w.role not in counts or not getattr(w, "is_leader", True):
-                continue
-            counts[w.role] += 1
-            if w.role == "encoder":
-                m = metrics.worker(w.url)
-                queue["encoder"] += sum(v for k, v in m.items() if k.endswith("queue_depth"))
-            else:
-                load = get_loads(w.url)
-                if load is not None:
-                    queue[w.role] += load.running + load.waiting
-        return Sample(t=t, counts=counts, queue=queue, ttft=self._ttft_mean())
-
-    def _ttft_mean(self) -> float | None:
-        if not self.prometheus_url:
-            return None
-        r = http("GET", self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
-        if not r.ok:
-            return None
-        m = metrics.summed(r.body.decode(errors="replace"))
-        cur = (m.get("smg_pd_ttft_seconds_sum", 0.0), m.get("smg_pd_ttft_seconds_count", 0.0))
-        prev, self._ttft = self._ttft, cur
-        if prev is None or cur[1] <= prev[1]:
-            return None
-        return (cur[0] - prev[0]) / (cur[1] - prev[1])

@@ -23,6 +23,7 @@ from worker_procs import Worker, chat_body, metric, pd_call, pick_model, post, s
 E0, E1, P, PB, PEB, D, C, FAKE_E = 33600, 33601, 33610, 33611, 33612, 33620, 33630, 33640
 MODEL = "tiny-vlm"
 MAX_TOKENS = 10
+T0 = time.time()  # before any worker starts: no worker can have been busy longer
 
 
 @pytest.fixture(scope="module")
@@ -148,6 +149,17 @@ def test_pd_matches_generate(cluster, ref_bundle, stream):
     assert {"encode_ms", "prefill_ms", "kv_transfer_ms", "decode_ms", "ttft_ms", "total_ms", "kv_bytes",
             "embedding_bytes"} <= set(timings)
     assert timings["kv_bytes"] > 0 and timings["embedding_bytes"] > 0
+
+
+def test_each_role_exports_its_own_busy_time_and_queue(cluster):
+    """After the requests above every role has spent time on its own work (the rebalance
+    policy's utilisation signal), less than it has been up, and nothing queues for it now."""
+    for port, role in ((E0, "encoder"), (P, "prefill"), (D, "decode")):
+        text = run(get_text(f"http://127.0.0.1:{port}/metrics"))
+        assert f"# TYPE epd_{role}_busy_seconds_total counter" in text
+        busy = metric(text, f"epd_{role}_busy_seconds_total")
+        assert 0.0 < busy < time.time() - T0, (role, busy)
+        assert metric(text, f"epd_{role}_own_queue_depth") == 0.0
 
 
 def test_concurrent_requests_batch_and_match(cluster, ref_bundle):

@@ -21,6 +21,7 @@ from aiohttp import web
 from epdctl.runtime.errors import BadRequestError, RuntimeWorkerError, TransferError
 from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES
 from epdctl.runtime.memtrim import after_large
+from epdctl.runtime.servers.busy import BusyClock
 from epdctl.runtime.openai_api import ApiError, decode_json, error_body
 
 log = logging.getLogger(__name__)
@@ -108,13 +109,23 @@ class ModelThread:
     def __init__(self, name: str):
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.pending = 0
+        self.busy = BusyClock()  # wall time the thread spends running calls (the role's own work)
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         self.pending += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._timed, fn, args)
         finally:
             self.pending -= 1
+
+    def _timed(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        with self.busy:
+            return fn(*args)
+
+    @property
+    def waiting(self) -> int:
+        """Calls queued behind the one running now."""
+        return max(0, self.pending - (1 if self.busy.active else 0))
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -20,6 +20,7 @@ from aiohttp import web
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.bootstrap import register_route
+from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.common import Served, make_app, read_json
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
@@ -101,7 +102,11 @@ class DecodeServer:
         m.gauge("running_requests", "Sequences being decoded", lambda: float(self.loop.num_running if self.loop else 0))
         m.gauge("queue_depth", "Requests waiting for their KV or a decode slot",
                 lambda: float(self.waiting_kv + self.waiting_slot))
+        own_work_metrics(m, self._busy, lambda: self.waiting_slot)
         transport_metrics(m, self.transport)
+
+    def _busy(self) -> float:
+        return self.loop.busy.total() if self.loop is not None else 0.0
 
     def app(self) -> web.Application:
         app = make_app(self.args.max_body_bytes)

@@ -26,6 +26,7 @@ from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
                                            to_api_error)
+from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.registry import api_key_from_env, bearer
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,7 @@ class EncoderServer:
         m.gauge("cache_bytes", "Bytes held by the embedding cache", stats("cache_bytes"))
         m.counter_fn("vision_seconds_total", "Seconds spent in the vision tower", stats("vision_seconds"))
         m.gauge("queue_depth", "Encode jobs waiting for a batch", lambda: float(self.batcher.queue.qsize()))
+        own_work_metrics(m, self.thread.busy, lambda: self.batcher.queue.qsize())
         tstat = lambda k: (lambda: float(self.transport.stats.get(k, 0)))  # noqa: E731
         m.counter_fn("transport_bytes_sent_total", "Embedding bytes sent over the transport", tstat("bytes_sent"))
         m.counter_fn("transport_failures_total", "Failed transport sends", tstat("failures"))

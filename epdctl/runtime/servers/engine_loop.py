@@ -13,7 +13,10 @@ import queue
 import threading
 from typing import Any, Callable
 
+from epdctl.runtime.servers.busy import BusyClock
+
 log = logging.getLogger(__name__)
+
 
 class EngineLoop:
     def __init__(self, engine: Any, loop: asyncio.AbstractEventLoop, name: str = "decode-loop"):
@@ -26,6 +29,7 @@ class EngineLoop:
         self._stopping = False
         self.pending_commands = 0
         self.steps = 0
+        self.busy = BusyClock()  # seconds spent in steps and model commands (the decode's own work)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
@@ -83,7 +87,8 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             try:
-                out = self.engine.step()
+                with self.busy:
+                    out = self.engine.step()
             except Exception as exc:  # a broken step must not wedge every running request
                 log.exception("decode step failed; aborting the running sequences")
                 self.loop.call_soon_threadsafe(self._fail_all, exc)
@@ -104,7 +109,8 @@ class EngineLoop:
             except queue.Empty:
                 return
             try:
-                res, err = fn(), None
+                with self.busy:
+                    res, err = fn(), None
             except BaseException as exc:  # handed to the awaiting coroutine
                 res, err = None, exc
             if fut is not None:

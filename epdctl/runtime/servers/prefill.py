@@ -20,6 +20,7 @@ from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, parse_chat_request
 from epdctl.runtime.servers.bootstrap import KVBootstrap
+from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.admission import Admission
 from epdctl.runtime.servers.common import (ModelThread, Served, Stopwatch, json_response, make_app, read_json,
                                            to_api_error)
@@ -67,6 +68,7 @@ class PrefillServer:
         self.m_handoff = m.counter("kv_handoffs_total", "KV hand-offs by outcome (sent, no_decode, failed)")
         m.gauge("queue_depth", "Model calls waiting for the prefill thread", lambda: float(self.thread.pending))
         m.gauge("running_requests", "Requests being prefilled", lambda: float(self.running))
+        own_work_metrics(m, self.thread.busy, lambda: self.thread.waiting)
         m.gauge("pending_kv_handoffs", "KV caches held while waiting for their decode", lambda: float(self.kv_held))
         m.gauge("healthy_encoders", "Encoders admitted by the registry", lambda: float(len(self.registry.healthy_urls())))
         transport_metrics(m, self.transport)
