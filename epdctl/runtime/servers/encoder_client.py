@@ -122,6 +122,12 @@ class EncoderClient:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise _EncoderDown(f"{type(exc).__name__}: {exc}") from None
 
+    async def close(self) -> None:
+        """Cancel the encoders' answers still in flight (their embeddings already arrived)."""
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
     def _settled(self, task: asyncio.Task) -> None:
         """An encoder's answer that came after its embeddings: nothing waits for it any more."""
         self._background.discard(task)

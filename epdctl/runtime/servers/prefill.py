@@ -233,6 +233,8 @@ class PrefillServer:
         for task in list(self.handoffs):
             task.cancel()
         await asyncio.gather(*self.handoffs, return_exceptions=True)
+        if self.encoders is not None:
+            await self.encoders.close()
         if self.session is not None:
             await self.session.close()
         await self.transport.close()
