@@ -7,7 +7,7 @@ stream. A second row per batch lets streams join one at a time while the batch r
 batching). Uses models/tiny-qwen2vl when it holds a checkpoint, else a tiny random one. Writes
 benchmarks/results/decode_batch.json.
 
-    .venv/bin/python benchmarks/bench_decode_batch.py [--tokens 64] [--reps 3]
+    .venv/bin/python benchmarks/bench_decode_batch.py [--tokens 64] [--reps 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -76,8 +76,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_batch.json"))
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path, source = model_dir(args.model)
     bundle = load_bundle(path, role="colocated")
     params = SamplingParams(max_tokens=args.tokens, ignore_eos=True)

@@ -20,6 +20,7 @@ from .kv_slots import KVSlots, SlotCache
 from .model import ModelBundle
 from .prefill_engine import PrefillResult
 from .sampling import SamplingParams, sample, token_generator
+from .slot_attention import additive_mask, use_for
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,6 @@ class DecodeEngine:
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         self.slots = KVSlots(tc.num_hidden_layers, tc.num_key_value_heads, head_dim, bundle.dtype)
         self._by_slot: list[_Seq] = []
-        self.attn = getattr(tc, "_attn_implementation", None) or "sdpa"
         self.steps = 0
         self.forward_passes = 0
 
@@ -141,9 +141,10 @@ class DecodeEngine:
         cache = SlotCache(self.slots, n)
         ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long)
         pos = (cache.cols + torch.tensor([s.rope_delta for s in seqs], dtype=torch.long)).view(1, n, 1).expand(3, n, 1)
-        mask = {"full_attention": cache.mask(self.attn, self.bundle.dtype)}
-        out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
-                      use_cache=True)
+        mask = {"full_attention": additive_mask(cache.cols, cache.width, self.bundle.dtype)}
+        with use_for(self.lm.config):
+            out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
+                          use_cache=True)
         logits = self.lm_head(out.last_hidden_state[:, -1]).float()
         for i in range(n):
             self.slots.lengths[i] += 1

@@ -8,7 +8,7 @@ Both dimensions grow by doubling when a sequence needs more room (rare, amortise
 
 ``SlotCache`` is what the model's attention layers see (transformers' ``Cache.update`` call):
 it writes each row's new K/V at that row's own length and returns the batch's view, which the
-attention reads under a mask that hides every column past a row's length.
+attention reads under a mask that hides every column past a row's length (slot_attention.py).
 """
 
 from __future__ import annotations
@@ -102,11 +102,3 @@ class SlotCache:
         v[self.rows, :, self.cols] = value_states[:, :, 0]
         n = len(self.rows)
         return k[:n, :, :self.width], v[:n, :, :self.width]
-
-    def mask(self, implementation: str, dtype: torch.dtype) -> torch.Tensor:
-        """[n, 1, 1, width]: row i sees its first length_i + 1 columns (bool for sdpa, additive for eager)."""
-        seen = torch.arange(self.width).view(1, -1) <= self.cols.view(-1, 1)
-        seen = seen.view(len(self.rows), 1, 1, self.width)
-        if implementation == "sdpa":
-            return seen
-        return torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, torch.finfo(dtype).min)

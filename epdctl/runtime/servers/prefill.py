@@ -150,10 +150,14 @@ class PrefillServer:
             self.m_stage.observe(encode_ms / 1000.0, {"stage": "encode"})
             for e in encoded:
                 self.m_cache.inc(labels={"result": "hit" if e.cached else "miss"})
-        prompt = await self.thread.run(self._build_prompt, self.bundle, req.messages,
-                                       [e.grid_thw for e in encoded])
-        self.admission.prompt(len(prompt.input_ids), req.max_tokens)
-        result = await self.thread.run(self.engine.prefill, prompt, encoded, self.sampling(req))
+        grids, params = [e.grid_thw for e in encoded], self.sampling(req)
+
+        def prompt_and_prefill() -> Any:  # one hop to the model thread, not two
+            prompt = self._build_prompt(self.bundle, req.messages, grids)
+            self.admission.prompt(len(prompt.input_ids), req.max_tokens)
+            return self.engine.prefill(prompt, encoded, params)
+
+        result = await self.thread.run(prompt_and_prefill)
         prefill_ms = watch.lap()
         self.m_stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
         timings = {"fetch_ms": fetch_s * 1000.0, "encode_ms": encode_ms, "prefill_ms": prefill_ms,
@@ -231,6 +235,8 @@ class PrefillServer:
         for task in list(self.handoffs):
             task.cancel()
         await asyncio.gather(*self.handoffs, return_exceptions=True)
+        if self.encoders is not None:
+            await self.encoders.close()
         if self.session is not None:
             await self.session.close()
         await self.transport.close()

@@ -28,6 +28,7 @@ from ..wire import Frame, describe, fill, layout, pack_into, parse_header, unpac
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
 
+ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq's zero-copy bookkeeping costs more
 SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
 _THREAD_BYTES = 32 << 20    # copy + hash larger messages in a thread so the event loop keeps serving
 Writer = Callable[[np.ndarray], tuple[list[int], bytes]]  # fills a buffer: (lengths, header with checksums)
@@ -114,7 +115,7 @@ class ZmqTransport(Endpoint):
         staging = self._staging.take(total)
         lengths, final = await _maybe_thread(write, staging, total)
         await self.request(peer[4:], [b"BLOB", key.encode(), final, json.dumps(lengths).encode(), staging[:total]],
-                           f"send {key!r}")
+                           f"send {key!r}", copy=total < ZERO_COPY_BYTES)
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 

@@ -1,0 +1,65 @@
+"""Attention for one batched decode step over KV slots: two grouped matmuls and one mask per step.
+
+A decode step asks each running sequence's one new query to attend over its own slot (the
+batch's [n, kv_heads, width, dim] view, see kv_slots.py) under a mask that hides each row's
+unused columns. Done here as grouped matmuls (the queries of one KV head's group side by side,
+so K and V are read once per group, never repeated) with one additive mask built per step.
+Measured against transformers' SDPA path (torch's masked CPU flash kernel) on the decode's
+shapes: 87 -> 71 us per layer for 16 rows on one thread, 838 -> 181 us with two OpenMP threads
+on busy cores, equal for one row. Prompts (more than one query token) still go to SDPA.
+
+The decode engine selects it for its own forward only (``use_for``), registering it with
+transformers' ``AttentionInterface`` under ``NAME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+NAME = "epd_slots"
+
+
+def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """query [n, heads, 1, dim]; key/value [n, kv_heads, width, dim]; attention_mask additive
+    [n, 1, 1, width] (or None). Returns [n, 1, heads, dim] like transformers' SDPA wrapper."""
+    n, heads, q_len, dim = query.shape
+    if q_len != 1 or (attention_mask is not None and attention_mask.dtype == torch.bool):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                      **kwargs)
+    kv_heads = key.shape[1]
+    group = heads // kv_heads
+    q = query.reshape(n, kv_heads, group, dim)  # head h reads kv head h // group (repeat_kv's order)
+    scores = torch.matmul(q, key.transpose(-1, -2))
+    scores.mul_(dim ** -0.5 if scaling is None else scaling)
+    if attention_mask is not None:
+        scores.add_(attention_mask)
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.matmul(probs, value)  # [n, kv_heads, group, dim]
+    return out.reshape(n, 1, heads, dim), None
+
+
+def additive_mask(lengths: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n, 1, 1, width]: 0 where row i may look (columns 0..lengths[i]), the dtype's min elsewhere."""
+    seen = torch.arange(width).view(1, -1) <= lengths.view(-1, 1)
+    return torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min).view(-1, 1, 1, width)
+
+
+AttentionInterface.register(NAME, slot_attention)
+
+
+@contextlib.contextmanager
+def use_for(config: Any) -> Iterator[None]:
+    """Run the model under ``config`` with slot attention for the duration (one thread owns the model)."""
+    before = config._attn_implementation
+    config._attn_implementation = NAME
+    try:
+        yield
+    finally:
+        config._attn_implementation = before

@@ -1,0 +1,121 @@
+"""The prefill's encoder client over a real HTTP server and real ZMQ transports: it goes on as
+soon as the embeddings arrive, and an error answer that comes first still fails the call.
+
+The stand-in encoder speaks the real `/encode` contract (JSON key/reply_to/images in, embeddings
+on the transport under the key, then a JSON answer) with embeddings of fixed values, so each
+test decides when the answer goes out relative to the embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from typing import Awaitable, Callable
+
+import aiohttp
+import pytest
+import torch
+from aiohttp import web
+
+from epdctl.runtime import wire
+from epdctl.runtime.encoder_engine import EncodedImage
+from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.encoder_client import EncoderClient
+from epdctl.runtime.servers.registry import EncoderRegistry
+from epdctl.runtime.transports import open_transport
+
+Handler = Callable[[web.Request, object], Awaitable[web.Response]]
+
+
+def embeds_for(images_b64: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
+    """Embeddings as the real encoder labels them (sha256 of the image bytes); image i is all i."""
+    digests = [hashlib.sha256(base64.b64decode(b)).hexdigest() for b in images_b64]
+    return wire.embeds_to_tensors([EncodedImage(digest=d, embeds=torch.full((4, 8), float(i)), grid_thw=(1, 4, 4),
+                                                cached=False) for i, d in enumerate(digests)])
+
+
+async def with_encoder(handler: Handler, body: Callable[[EncoderClient, dict], Awaitable[None]]) -> None:
+    """Run ``body(client, state)`` against a stand-in encoder served by ``handler``."""
+    enc_transport = open_transport("zmq", "127.0.0.1", timeout=5)
+    pre_transport = open_transport("zmq", "127.0.0.1", timeout=5)
+    await enc_transport.start()
+    await pre_transport.start()
+    app = web.Application()
+    async def encode(request: web.Request) -> web.Response:
+        return await handler(request, enc_transport)
+
+    app.router.add_post("/encode", encode)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    session = aiohttp.ClientSession()
+    registry = EncoderRegistry([f"http://127.0.0.1:{port}"], probe_interval=0)
+    client = EncoderClient(registry, session, pre_transport, wire, timeout=5)
+    try:
+        await body(client, {"registry": registry})
+    finally:
+        await client.close()
+        await session.close()
+        await runner.cleanup()
+        await enc_transport.close()
+        await pre_transport.close()
+
+
+def test_embeddings_are_used_before_the_encoder_answers():
+    answered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def handler(request: web.Request, transport) -> web.Response:
+        body = await request.json()
+        meta, tensors = embeds_for(body["images"])
+        await transport.send(body["reply_to"], body["key"], meta, tensors)
+        await release.wait()  # the answer is held back until the test lets it go
+        answered.set()
+        return web.json_response({"key": body["key"], "num_images": len(body["images"])})
+
+    async def body(client: EncoderClient, state: dict) -> None:
+        encoded, nbytes = await client.encode([b"img-a", b"img-b", b"img-a"])
+        assert not answered.is_set()  # we went on before the encoder's HTTP answer
+        assert [float(e.embeds[0, 0]) for e in encoded] == [0.0, 1.0, 0.0]  # duplicates encoded once
+        assert nbytes == 2 * 4 * 8 * 4 and len(client._background) == 1
+        release.set()
+        await asyncio.wait_for(answered.wait(), 5)
+        for _ in range(50):
+            if not client._background:
+                break
+            await asyncio.sleep(0.01)
+        assert not client._background  # the late answer was read and forgotten
+        assert state["registry"].encoders[next(iter(state["registry"].encoders))].failures == 0
+
+    asyncio.run(with_encoder(handler, body))
+
+
+def test_an_error_answer_before_any_embeddings_fails_the_call():
+    async def handler(request: web.Request, transport) -> web.Response:
+        await request.json()
+        return web.json_response({"error": {"message": "image 1: 9000x9000 is too large"}}, status=400)
+
+    async def body(client: EncoderClient, state: dict) -> None:
+        with pytest.raises(ApiError) as err:
+            await client.encode([b"img"])
+        assert err.value.status == 400 and "9000x9000" in err.value.message
+        assert not client._background
+
+    asyncio.run(with_encoder(handler, body))
+
+
+def test_a_dead_encoder_is_reported_unavailable():
+    async def handler(request: web.Request, transport) -> web.Response:
+        await request.json()
+        return web.json_response({"error": {"message": "vision tower crashed"}}, status=500)
+
+    async def body(client: EncoderClient, state: dict) -> None:
+        with pytest.raises(ApiError) as err:
+            await client.encode([b"img"])
+        assert err.value.status == 503 and "vision tower crashed" in err.value.message
+        assert next(iter(state["registry"].encoders.values())).failures >= 1
+
+    asyncio.run(with_encoder(handler, body))
