@@ -23,12 +23,12 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import (SUPERVISOR, Results, Status, cluster_id, expand_argv, new_token, key_vars,
-                                   read_pid_file, supervision_env, tail, worker_env)
-from epdctl.launchers.local import follow_file
+from epdctl.launchers.base import (SUPERVISOR, Results, Status, cluster_id, expand_argv, follow_file,
+                                   key_vars, new_token, read_pid_file, supervision_env, tail,
+                                   worker_env)
 from epdctl.slurm import jobs, steps
 from epdctl.slurm.sbatch import directives, slurm_nodes, substitute
 from epdctl.state import Handle, ProcessRecord
@@ -67,6 +67,7 @@ class SlurmLauncher:
 
     name = "slurm"
     runs_here = False
+    nodes_known = False   # the allocation chooses them when the job starts
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
                  accept_new_host_keys: bool = False):
@@ -148,6 +149,12 @@ class SlurmLauncher:
         hosts = {topo.node(t).host: got[i][1] for i, t in enumerate(want)}
         python = {t: ("" if plan.setup.get(t) else sys.executable) for t in want}
         return Allocation(job=job, owned=owned, nodes=nodes, hosts=hosts, python=python)
+
+    def node_runners(self, nodes: Sequence[str]) -> Mapping[str, Any]:
+        """`check` reaches the topology's nodes over SSH, as the ssh launcher would."""
+        from epdctl.launchers.ssh import SSHLauncher
+
+        return SSHLauncher(None, self.topology).node_runners(nodes)
 
     def place(self, text: str) -> str:
         """A topology address (in a URL, a flag) -> the allocated node's address."""

@@ -30,6 +30,7 @@ from epdctl.state import Handle, ProcessRecord
 from epdctl.launchers.ssh.nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
                                         options_from_env, ports_of, run_agent, save_nodes)
 from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
+from epdctl.launchers.ssh.runners import ssh_runners
 
 log = logging.getLogger(__name__)
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
@@ -43,6 +44,7 @@ class SSHLauncher:
 
     name = "ssh"
     runs_here = False
+    nodes_known = True
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
                  accept_new_host_keys: bool = False, *,
@@ -288,6 +290,10 @@ class SSHLauncher:
 
     def place(self, text: str) -> str:
         return text
+
+    def node_runners(self, nodes: Sequence[str]) -> dict[str, Any]:
+        """Over this launcher's connections (its host-key policy included)."""
+        return ssh_runners(self.pool, {n: self._access(n) for n in nodes})
 
     def release(self) -> None:
         return None
