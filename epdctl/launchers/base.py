@@ -58,6 +58,16 @@ class Status:
     last_exit: str | None = None         # why its last run ended ("killed by signal 9 ...")
 
 
+@dataclass(frozen=True)
+class Holding:
+    """What holds a cluster's processes when it can end by itself (a SLURM allocation), as
+    `status` shows it: its id, the scheduler's state, and why it ended."""
+
+    job: str
+    state: str          # RUNNING, CANCELLED, TIMEOUT, NODE_FAIL, GONE (forgotten) ...
+    detail: str = ""    # "" while it runs; else why it ended, what to change, who ended first
+
+
 @dataclass
 class Results(Generic[T]):
     """Per-process outcome of an operation over many processes."""
@@ -119,6 +129,11 @@ class Launcher(Protocol):
     def place(self, text: str) -> str:
         """A planned address (in a URL, a host, a flag) -> where the launcher put it: the
         allocated node's address on SLURM; unchanged for local and ssh."""
+        ...
+
+    def holding(self, recs: Sequence[ProcessRecord]) -> Holding | None:
+        """The state of what holds the processes (a SLURM allocation: RUNNING, or why it
+        ended and which of ``recs`` ended for good first); None when nothing does (local, ssh)."""
         ...
 
     def release(self) -> None:

@@ -147,6 +147,9 @@ class LocalLauncher:
     def release(self) -> None:
         return None
 
+    def holding(self, recs: Sequence[ProcessRecord]) -> None:
+        return None
+
     def close(self) -> None:
         return None
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from epdctl.metrics import page
 from epdctl.bench.target import cluster_endpoints
-from epdctl.errors import ProbeError
+from epdctl.errors import LaunchError, ProbeError
 from epdctl.launchers.base import Launcher, Status
 from epdctl.launchers.lifecycle import ROLE_ORDER
 from epdctl.metrics_summary import role_figures, router_figures, worker_figures
@@ -62,6 +62,7 @@ class ClusterView:
     router_figures: dict[str, Any] | None = None  # None when its Prometheus page does not answer
     problem: str = ""             # what is wrong with the cluster as a whole (a killed `up`)
     unreachable: dict[str, str] = field(default_factory=dict)  # node -> why it was not asked
+    allocation: dict[str, str] | None = None  # a SLURM job: job, state, detail (why it ended)
 
     def role_figures(self) -> dict[str, dict[str, Any]]:
         """role -> figures over the workers whose /metrics answered, in start order."""
@@ -163,6 +164,15 @@ def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> Cl
     routed, view.router_ready, view.router_detail = _router_view(state)
     view.router_figures = _router_figures(state)
     polled = launcher.poll(state.processes)
+    try:
+        held = launcher.holding(state.processes)
+    except LaunchError as e:  # the scheduler did not answer: say so, show the rest
+        held = None
+        view.problem = f"could not ask for the allocation's state: {e}"
+    if held is not None:
+        view.allocation = asdict(held)
+        if held.state != "RUNNING":  # a cancelled or timed-out job never reads "running"
+            view.phase, view.problem = "failed", held.detail
     for rec in state.processes:  # one line per node that could not be asked
         if rec.name in polled.failed and rec.node not in view.unreachable:
             view.unreachable[rec.node] = unreachable_reason(rec.node, polled.failed[rec.name])

@@ -298,6 +298,9 @@ class SSHLauncher:
     def release(self) -> None:
         return None
 
+    def holding(self, recs: Sequence[ProcessRecord]) -> None:
+        return None
+
     def records(self, node: str) -> list[dict[str, Any]]:
         """What the node's run folder says epdctl started there (and has not stopped)."""
         return self._agent(node, {"op": "records", "dir": self.remote_dir(node)})["records"]
