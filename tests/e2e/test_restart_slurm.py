@@ -3,10 +3,10 @@
 The real local SLURM cluster (tests/slurm_cluster.py); topologies/slurm-local.yaml with
 ``restart: {policy: on-failure, backoff: 1.0}`` started by `epdctl up` from the login node
 (epdctl submits and owns the allocation), real runtime workers (torch) as job steps and the
-real smg router. decode-0 is killed with SIGKILL while a client sends image requests through
-the router (tests/e2e/kill9_load.py): the step, the allocation and the other steps live on, the
-service comes back by itself, and `status` shows restarts=1, the cause and the allocation
-RUNNING. The outage is printed (run with -s).
+real smg router. Each role's worker in turn (the router too) is killed with SIGKILL while a
+client sends image requests through the router (tests/e2e/kill9_load.py): the step, the
+allocation and the other steps live on, the service comes back by itself, and `status` shows
+restarts=1, the cause and the allocation RUNNING. The outage is printed (run with -s).
 """
 
 from __future__ import annotations
@@ -76,11 +76,12 @@ def cluster(slurm: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def test_kill_9_of_decode_on_slurm_recovers_inside_its_step(cluster: Cluster) -> None:
+@pytest.mark.parametrize("worker", ["encoder-0", "prefill-0", "decode-0", "router"])
+def test_kill_9_on_slurm_recovers_inside_its_step(cluster: Cluster, worker: str) -> None:
     st = json.loads((cluster.state / "clusters" / NAME / "state.json").read_text())
-    step = next(p["handle"] for p in st["processes"] if p["name"] == "decode-0")
-    got = kill_under_load(ROUTER, lambda: cluster.pid_file("decode-0"))
-    print(f"\nslurm decode-0: service back {got.outage_s:.1f}s after kill -9 "
+    step = next(p["handle"] for p in st["processes"] if p["name"] == worker)
+    got = kill_under_load(ROUTER, lambda: cluster.pid_file(worker))
+    print(f"\nslurm {worker}: service back {got.outage_s:.1f}s after kill -9 "
           f"({got.failed_between} failed request(s) in between)")
     assert got.pid_doc["last_exit"] == "killed by signal 9 (SIGKILL)"
     status = cluster.epdctl("status", NAME, "--json")
@@ -88,8 +89,8 @@ def test_kill_9_of_decode_on_slurm_recovers_inside_its_step(cluster: Cluster) ->
     doc = json.loads(status.stdout)
     assert doc["phase"] == "running" and doc["allocation"]["state"] == "RUNNING"
     assert jobs.poll([step["job"]])[step["job"]].state == "RUNNING"
-    row = next(w for w in doc["workers"] if w["name"] == "decode-0")
+    row = next(w for w in doc["workers"] if w["name"] == worker)
     assert row["restarts"] == 1 and row["last_exit"] == "killed by signal 9 (SIGKILL)", row
     assert row["alive"] and row["healthy"]
     st = json.loads((cluster.state / "clusters" / NAME / "state.json").read_text())
-    assert next(p["handle"] for p in st["processes"] if p["name"] == "decode-0") == step
+    assert next(p["handle"] for p in st["processes"] if p["name"] == worker) == step

@@ -2,10 +2,10 @@
 
 Three real sshd nodes on 127.0.0.2-4 (tests/sshd_nodes.py), topologies/ssh-3node.yaml with
 ``restart: {policy: on-failure, backoff: 1.0}`` started by `epdctl up` through the real CLI,
-real runtime workers (torch) and the real smg router. decode-0 (on node-c) is killed with
-SIGKILL while a client sends image requests through the router (tests/e2e/kill9_load.py): the
-service comes back by itself, and `status` from another shell shows restarts=1 and the cause.
-The outage is printed (run with -s).
+real runtime workers (torch) and the real smg router. Each role's worker in turn (the router
+too) is killed with SIGKILL on its node while a client sends image requests through the router
+(tests/e2e/kill9_load.py): the service comes back by itself, and `status` from another shell
+shows restarts=1 and the cause. The outage is printed (run with -s).
 """
 
 from __future__ import annotations
@@ -77,16 +77,20 @@ def cluster(sshd: SshdNodes, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         assert down.returncode == 0, down.stdout + down.stderr
 
 
-def test_kill_9_of_decode_over_ssh_recovers_without_an_operator(cluster: Cluster) -> None:
-    got = kill_under_load(cluster.router_url, lambda: cluster.pid_file("node-c", "decode-0"))
-    print(f"\nssh decode-0: service back {got.outage_s:.1f}s after kill -9 "
+NODE_OF = {"encoder-0": "node-a", "prefill-0": "node-b", "decode-0": "node-c", "router": "node-a"}
+
+
+@pytest.mark.parametrize("worker", list(NODE_OF))
+def test_kill_9_over_ssh_recovers_without_an_operator(cluster: Cluster, worker: str) -> None:
+    got = kill_under_load(cluster.router_url, lambda: cluster.pid_file(NODE_OF[worker], worker))
+    print(f"\nssh {worker}: service back {got.outage_s:.1f}s after kill -9 "
           f"({got.failed_between} failed request(s) in between)")
     assert got.pid_doc["last_exit"] == "killed by signal 9 (SIGKILL)"
     other_shell = {k: v for k, v in cluster.env.items() if k != "EPDCTL_KNOWN_HOSTS"}
     status = cluster.epdctl("status", NAME, "--json", env=other_shell)
     assert status.returncode == 0, status.stdout + status.stderr
-    row = next(w for w in json.loads(status.stdout)["workers"] if w["name"] == "decode-0")
+    row = next(w for w in json.loads(status.stdout)["workers"] if w["name"] == worker)
     assert row["restarts"] == 1 and row["last_exit"] == "killed by signal 9 (SIGKILL)", row
     assert row["alive"] and row["healthy"]
     text = cluster.epdctl("status", NAME).stdout
-    assert "decode-0: killed by signal 9 (SIGKILL); restarted 1 time(s)" in text, text
+    assert f"{worker}: killed by signal 9 (SIGKILL); restarted 1 time(s)" in text, text
