@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 import psutil
+import jsonschema
 import pytest
 import yaml
 
@@ -33,6 +34,7 @@ from epdctl.slurm.launcher import ALLOC_FILE  # noqa: E402
 from epdctl.state import ClusterDir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,7 @@ def test_cancelled_allocation_is_failed_with_its_state_and_the_first_worker_to_e
         st = cli("status", name, "--json")  # the allocation still runs: one dead worker
         assert st.returncode == 1 and "Traceback" not in st.stderr, st.stderr
         doc = json.loads(st.stdout)
+        jsonschema.validate(doc, SCHEMA)
         assert doc["phase"] == "running" and doc["problem"] == ""
         assert doc["allocation"] == {"job": job, "state": "RUNNING", "detail": ""}
 
@@ -79,6 +82,7 @@ def test_cancelled_allocation_is_failed_with_its_state_and_the_first_worker_to_e
         st = cli("status", name, "--json")
         assert st.returncode == 1 and "Traceback" not in st.stderr, st.stderr
         doc = json.loads(st.stdout)
+        jsonschema.validate(doc, SCHEMA)
         assert doc["phase"] == "failed" and doc["allocation"]["state"] == "CANCELLED", doc
         assert doc["problem"].startswith(f"SLURM job {job} ended as CANCELLED"), doc["problem"]
         assert ("the first worker to end was prefill-0 (killed by signal 9 (SIGKILL))"

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import jsonschema
 import pytest
 import yaml
 
@@ -35,6 +36,7 @@ from epdctl.launchers.ssh.nodes import NodeAccess  # noqa: E402
 from epdctl.state import ClusterDir, ClusterState, ProcessRecord  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
 TOPOLOGY = ROOT / "topologies" / "ssh-3node.yaml"
 OK_SERVER = ("import sys, http.server as h\n"
              "class H(h.BaseHTTPRequestHandler):\n"
@@ -194,6 +196,7 @@ def test_status_and_logs_with_one_node_unreachable_show_the_others(running):
             break
     st = cli("status", "ssh-3node", "--json", env=env)
     assert st.returncode == 1 and "Traceback" not in st.stderr, st.stderr
+    jsonschema.validate(json.loads(st.stdout), SCHEMA)  # alive null is documented
     rows = {w["name"]: w for w in json.loads(st.stdout)["workers"]}
     assert set(rows) == {"encoder-0", "prefill-0", "decode-0"}
     assert rows["encoder-0"]["healthy"] and rows["decode-0"]["healthy"]
