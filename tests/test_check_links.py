@@ -217,6 +217,7 @@ def test_ssh_nodes_run_the_agent_over_real_sshd(tmp_path):
     from sshd_nodes import SshdNodes
 
     from epdctl.preflight.targets import runners_for
+    from epdctl.launchers.ssh import SSHLauncher
     from epdctl.launchers.ssh.conn import SSHOptions
     from epdctl.topology.model import SSH
 
@@ -231,8 +232,9 @@ def test_ssh_nodes_run_the_agent_over_real_sshd(tmp_path):
         topo = replace(topo, nodes=nodes, python=sys.executable)
         opts = SSHOptions(known_hosts=(str(sshd.known_hosts),), ssh_config=None,
                           connect_timeout=10)
-        report = run_check(topo, runners_for(topo, opts), plan=build_plan(topo), links=True,
-                           agent_port=36950)
+        with SSHLauncher(None, topo, options=opts) as lau:
+            report = run_check(topo, runners_for(topo, lau), plan=build_plan(topo), links=True,
+                               agent_port=36950)
     assert [i for i in report.items if not i.ok] == []
     assert {(i.node, i.check) for i in report.items} >= {("n1", "nic lo device"),
                                                          ("n3", "ports")}

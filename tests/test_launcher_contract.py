@@ -180,3 +180,30 @@ def test_a_secret_of_the_launching_shell_never_reaches_a_worker(
             assert b"PATH=" in environ
     finally:
         assert kit.launcher.stop([rec], grace=5).all_ok
+
+
+def test_how_nodes_are_reached_and_what_holds_the_processes(kit: Kit) -> None:
+    """What `up`'s preflight, `check` and `status` ask a launcher instead of branching on its
+    name: whether its nodes exist before anything starts, how to run the node agent on each
+    (the launcher's own way: this machine, its SSH connections), and what holds the processes
+    (a SLURM allocation: its state; nothing for local and ssh)."""
+    lau = kit.launcher
+    runners = lau.node_runners(kit.nodes)
+    assert sorted(runners) == sorted(kit.nodes)
+    if lau.nodes_known:
+        for node, r in runners.items():
+            got = r.run([r.python, "-c", "print('reached', 6 * 7)"], timeout=60)
+            assert (got.rc, got.stdout.strip()) == (0, "reached 42"), (node, got)
+    else:
+        assert lau.name == "slurm"  # the allocation chooses the nodes when the job runs
+    marker = f"epd-contract-{uuid.uuid4().hex}"
+    recs = _started(kit, [kit.rec("w0", 0, SLEEPER, marker)])
+    try:
+        held = lau.holding(recs)
+        if lau.name == "slurm":
+            assert held is not None and (held.state, held.detail) == ("RUNNING", "")
+            assert held.job == recs[0].handle.job  # type: ignore[union-attr]
+        else:
+            assert held is None
+    finally:
+        assert lau.stop(recs, grace=5).all_ok

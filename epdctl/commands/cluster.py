@@ -127,7 +127,7 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     try:
         with cdir.lock("up"):
             _refuse_if_running(cdir, launcher)
-            preflight_before_up(topo, plan, name, force=force, skip=skip_preflight)
+            preflight_before_up(topo, plan, launcher, force=force, skip=skip_preflight)
             if launcher.runs_here:
                 _check_ports_free(plan)
             state = ClusterState(name=topo.name, topology=str(topology.resolve()),

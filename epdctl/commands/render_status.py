@@ -24,6 +24,8 @@ def fmt_uptime(seconds: float | None) -> str:
 
 
 def _health_cell(w: Any) -> tuple[str, str | None]:
+    if w.alive is None:
+        return "UNREACHABLE", "red"
     if not w.alive:
         return "DEAD", "red"
     if w.healthy:
@@ -96,6 +98,8 @@ def render_status(view: ClusterView, color: bool = True) -> str:
 
     out = [f"cluster {view.name}  ({view.phase}, launcher {view.launcher}, {view.topology})"]
     out += [f"  {view.problem}"] if view.problem else []
+    out += [f"  {node}: unreachable: {why} (its workers' state is unknown)"
+            for node, why in view.unreachable.items()]
     out += ["", line(head)]
     for cells, colour in rows:
         text = line(cells)
@@ -114,7 +118,7 @@ def render_status(view: ClusterView, color: bool = True) -> str:
         out += ["", "last exits (the supervisor restarts a worker that dies after it was healthy):"]
         out += [f"  {w.name}: {w.last_exit}; restarted {w.restarts} time(s)" for w in restarted]
     for w in view.workers:
-        if not w.alive:
+        if w.alive is False:
             out += ["", f"--- {w.name} is dead; last lines of {w.log}:",
                     w.log_tail or "(log is empty)"]
     return "\n".join(out)

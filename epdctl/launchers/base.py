@@ -19,12 +19,16 @@ import os
 import re
 import secrets
 import socket
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from epdctl.errors import LaunchError
 from epdctl.state import Handle, ProcessRecord
+
+if TYPE_CHECKING:
+    from epdctl.preflight.runners import NodeRunner
 
 T = TypeVar("T")
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -52,6 +56,16 @@ class Status:
     tail: str = ""                       # last lines of the log of a dead process
     restarts: int = 0                    # times the supervisor restarted it
     last_exit: str | None = None         # why its last run ended ("killed by signal 9 ...")
+
+
+@dataclass(frozen=True)
+class Holding:
+    """What holds a cluster's processes when it can end by itself (a SLURM allocation), as
+    `status` shows it: its id, the scheduler's state, and why it ended."""
+
+    job: str
+    state: str          # RUNNING, CANCELLED, TIMEOUT, NODE_FAIL, GONE (forgotten) ...
+    detail: str = ""    # "" while it runs; else why it ended, what to change, who ended first
 
 
 @dataclass
@@ -82,6 +96,14 @@ class Launcher(Protocol):
 
     name: str
     runs_here: bool      # processes bind on this machine: their ports can be checked here
+    nodes_known: bool    # the nodes exist before anything starts, so `up` can check them
+                         # first (False: a SLURM allocation chooses them at start)
+
+    def node_runners(self, nodes: Sequence[str]) -> Mapping[str, "NodeRunner"]:
+        """How `check` and `up`'s preflight run the node agent on each of ``nodes``: the way
+        this launcher reaches them (same interpreter; over SSH the same options and host-key
+        policy, --accept-new-host-keys included). Connecting happens on first use, per node."""
+        ...
 
     def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
         """Start every record detached (own process group / own job step), output appended to
@@ -107,6 +129,11 @@ class Launcher(Protocol):
     def place(self, text: str) -> str:
         """A planned address (in a URL, a host, a flag) -> where the launcher put it: the
         allocated node's address on SLURM; unchanged for local and ssh."""
+        ...
+
+    def holding(self, recs: Sequence[ProcessRecord]) -> Holding | None:
+        """The state of what holds the processes (a SLURM allocation: RUNNING, or why it
+        ended and which of ``recs`` ended for good first); None when nothing does (local, ssh)."""
         ...
 
     def release(self) -> None:
@@ -223,3 +250,19 @@ def tail(path: Path, n: int = 20) -> str:
         return ""
     lines = data.decode(errors="replace").splitlines()
     return "\n".join(lines[-n:]) if n > 0 else ""
+
+
+def follow_file(path: Path, interval: float = 0.3) -> Iterator[str]:
+    """New lines appended to ``path`` (from its current end), forever."""
+    pos = path.stat().st_size if path.exists() else 0
+    while True:
+        try:
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+        except FileNotFoundError:
+            chunk = b""
+        if chunk:
+            pos += len(chunk)
+            yield from chunk.decode(errors="replace").splitlines()
+        time.sleep(interval)

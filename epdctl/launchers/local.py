@@ -18,14 +18,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import psutil
 
 from epdctl.errors import LaunchError
 from epdctl.launchers.base import (MARKER_CLUSTER, MARKER_TOKEN, MARKER_WORKER, SUPERVISOR,
-                                   Results, Status, cluster_id, expand_argv, new_token, read_pid_file, key_vars,
-                                   supervision_env, tail, worker_env)
+                                   Results, Status, cluster_id, expand_argv, follow_file, key_vars,
+                                   new_token, read_pid_file, supervision_env, tail, worker_env)
+from epdctl.preflight.runners import LocalRunner
 from epdctl.state import Handle, ProcessRecord
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class LocalLauncher:
 
     name = "local"
     runs_here = True
+    nodes_known = True
     settle = 0.2       # seconds after a batch start before checking that nothing died at once
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
@@ -68,6 +70,8 @@ class LocalLauncher:
         self.cluster = cluster_id(cluster_dir)
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._marks: dict[tuple[int, float], str | None] = {}  # (pid, created) -> EPDCTL_TOKEN
+        python = getattr(topology, "python", None)  # a bare python is the one epdctl runs in
+        self.python = sys.executable if python in (None, "python", "python3") else str(python)
 
     # ---- contract ------------------------------------------------------------------------
 
@@ -136,7 +140,14 @@ class LocalLauncher:
     def place(self, text: str) -> str:
         return text
 
+    def node_runners(self, nodes: Sequence[str]) -> Mapping[str, LocalRunner]:
+        """Every node is this machine."""
+        return {n: LocalRunner(n, python=self.python) for n in nodes}
+
     def release(self) -> None:
+        return None
+
+    def holding(self, recs: Sequence[ProcessRecord]) -> None:
         return None
 
     def close(self) -> None:
@@ -281,18 +292,3 @@ class LocalLauncher:
         for proc in self._children.values():
             proc.poll()
 
-
-def follow_file(path: Path, interval: float = 0.3) -> Iterator[str]:
-    """New lines appended to ``path`` (from its current end), forever."""
-    pos = path.stat().st_size if path.exists() else 0
-    while True:
-        try:
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-        except FileNotFoundError:
-            chunk = b""
-        if chunk:
-            pos += len(chunk)
-            yield from chunk.decode(errors="replace").splitlines()
-        time.sleep(interval)

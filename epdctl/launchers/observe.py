@@ -16,7 +16,7 @@ from typing import Any
 
 from epdctl.metrics import page
 from epdctl.bench.target import cluster_endpoints
-from epdctl.errors import ProbeError
+from epdctl.errors import LaunchError, ProbeError
 from epdctl.launchers.base import Launcher, Status
 from epdctl.launchers.lifecycle import ROLE_ORDER
 from epdctl.metrics_summary import role_figures, router_figures, worker_figures
@@ -34,9 +34,9 @@ class WorkerView:
     node: str
     pid: int
     url: str
-    alive: bool
+    alive: bool | None            # None: its node could not be asked (unreachable)
     uptime_s: float | None
-    health: str                   # ok | dead | connection refused | HTTP 503 ...
+    health: str                   # ok | dead | unreachable: ... | connection refused | HTTP 503
     healthy: bool
     load: Load | None = None
     router: str = "-"             # the router's status for this worker; "-" when not routed
@@ -61,6 +61,8 @@ class ClusterView:
     router_detail: str = ""
     router_figures: dict[str, Any] | None = None  # None when its Prometheus page does not answer
     problem: str = ""             # what is wrong with the cluster as a whole (a killed `up`)
+    unreachable: dict[str, str] = field(default_factory=dict)  # node -> why it was not asked
+    allocation: dict[str, str] | None = None  # a SLURM job: job, state, detail (why it ended)
 
     def role_figures(self) -> dict[str, dict[str, Any]]:
         """role -> figures over the workers whose /metrics answered, in start order."""
@@ -127,8 +129,8 @@ def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, R
                       health="dead", healthy=False, log=rec.log)
     if isinstance(st, Status):
         view.restarts, view.last_exit = st.restarts, st.last_exit
-    if isinstance(st, Exception):
-        view.health = f"unknown ({st})"
+    if isinstance(st, Exception):  # the node was not asked: neither alive nor dead
+        view.alive, view.health = None, f"unreachable: {unreachable_reason(rec.node, st)}"
     elif not alive:
         view.log_tail = "\n".join(st.tail.splitlines()[-tail_lines:]) if tail_lines > 0 else ""
     elif rec.is_leader:
@@ -149,6 +151,12 @@ def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, R
     return view
 
 
+def unreachable_reason(node: str, err: Exception) -> str:
+    """The first line of a node's failure, without its ``[node]`` prefix."""
+    text = (str(err) or type(err).__name__).splitlines()[0]
+    return text.removeprefix(f"[{node}] ")
+
+
 def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> ClusterView:
     """Probe every recorded process (in parallel) and the router; never raises for a dead one."""
     view = ClusterView(name=state.name, topology=state.topology, phase=state.phase,
@@ -156,6 +164,18 @@ def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> Cl
     routed, view.router_ready, view.router_detail = _router_view(state)
     view.router_figures = _router_figures(state)
     polled = launcher.poll(state.processes)
+    try:
+        held = launcher.holding(state.processes)
+    except LaunchError as e:  # the scheduler did not answer: say so, show the rest
+        held = None
+        view.problem = f"could not ask for the allocation's state: {e}"
+    if held is not None:
+        view.allocation = asdict(held)
+        if held.state != "RUNNING":  # a cancelled or timed-out job never reads "running"
+            view.phase, view.problem = "failed", held.detail
+    for rec in state.processes:  # one line per node that could not be asked
+        if rec.name in polled.failed and rec.node not in view.unreachable:
+            view.unreachable[rec.node] = unreachable_reason(rec.node, polled.failed[rec.name])
     with ThreadPoolExecutor(max_workers=8) as pool:
         rows = pool.map(lambda r: _worker_view(
             r, polled.ok.get(r.name) or polled.failed[r.name], routed, tail_lines),

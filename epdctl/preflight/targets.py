@@ -7,12 +7,11 @@ they can be tested from fixtures; this module is the only one that reads the top
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Mapping
 
 from epdctl.preflight.links import Endpoint, Placement
 from epdctl.preflight.node_checks import RDMA_KINDS, NicExpect, NodeExpect
-from epdctl.preflight.runners import LocalRunner, NodeRunner, SSHRunner
+from epdctl.preflight.runners import NodeRunner
 from epdctl.state import worker_of
 
 
@@ -108,32 +107,12 @@ def expectations(topo: Any, plan: Any = None, min_disk_gb: float = 1.0) -> dict[
     return out
 
 
-def runners_for(topo: Any, ssh_options: Any = None) -> Mapping[str, NodeRunner]:
-    """Local processes for the local launcher; for ssh and slurm, SSH exactly as the ssh
-    launcher reaches the nodes (jump hosts, setup commands, host-key policy and the
-    EPDCTL_SSH_* / EPDCTL_KNOWN_HOSTS settings)."""
-    names = used_nodes(topo)
-    if topo.launcher == "local":
-        # as the local launcher does: a bare python is the interpreter epdctl runs in
-        python = sys.executable if topo.python in ("python", "python3") else topo.python
-        return {n: LocalRunner(n, python=python) for n in names}
-    from epdctl.launchers.ssh.nodes import nodes_from_topology, options_from_env as _options_from_env
-    from epdctl.launchers.ssh.conn import ConnectionPool
+def runners_for(topo: Any, launcher: Any = None) -> Mapping[str, NodeRunner]:
+    """How to reach every node the topology uses: the way ``launcher`` (default: the
+    topology's own) reaches them; the launcher knows how (``Launcher.node_runners``)."""
+    if launcher is None:
+        from epdctl.launchers import get_launcher
 
-    access = nodes_from_topology(topo)
-    pool = ConnectionPool(ssh_options or _options_from_env(None))
-    return {n: SSHRunner(n, _LazyConn(pool, access[n].target), python=access[n].python,
-                         setup=tuple(access[n].setup)) for n in names}
-
-
-class _LazyConn:
-    """Connects on first use, inside the fan-out thread, so one dead node never blocks others."""
-
-    def __init__(self, pool: Any, target: Any):
-        self.pool, self.target = pool, target
-
-    def run(self, command: str, timeout: float | None = None) -> Any:
-        return self.pool.get(self.target).run(command, timeout=timeout)
-
-    def stream(self, command: str) -> Any:
-        return self.pool.get(self.target).stream(command)
+        launcher = get_launcher(topo.launcher, None, topo)
+    runners: Mapping[str, NodeRunner] = launcher.node_runners(used_nodes(topo))
+    return runners

@@ -16,50 +16,23 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shlex
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.base import (SUPERVISOR, Results, Status, cluster_id, expand_argv, new_token, key_vars,
-                                   read_pid_file, supervision_env, tail, worker_env)
-from epdctl.launchers.local import follow_file
-from epdctl.slurm import jobs, steps
-from epdctl.slurm.sbatch import directives, slurm_nodes, substitute
+from epdctl.launchers.base import (SUPERVISOR, Holding, Results, Status, cluster_id, expand_argv,
+                                   follow_file, key_vars, new_token, read_pid_file, supervision_env, tail,
+                                   worker_env)
+from epdctl.slurm import allocation, jobs, steps
+from epdctl.slurm.allocation import ALLOC_FILE, Allocation, holder_script
+from epdctl.slurm.sbatch import substitute
 from epdctl.state import Handle, ProcessRecord
 
 log = logging.getLogger(__name__)
-ALLOC_FILE = "slurm-job.json"
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """The job that holds the cluster's nodes, and the topology -> SLURM node map."""
-
-    job: str
-    owned: bool                          # epdctl submitted it (and `down` cancels it)
-    nodes: dict[str, list[str]]          # topology node -> [SLURM node name, address]
-    hosts: dict[str, str]                # topology address -> allocated address
-    python: dict[str, str]               # topology node -> python to run ("" = as planned)
-
-
-def holder_script(topo: Any, nodes: int, output: str) -> str:
-    """The batch script that holds the allocation: no worker, just a sleep until scancel."""
-    lines = ["#!/usr/bin/env bash",
-             f"# epdctl allocation for cluster {topo.name}: the workers run as job steps that",
-             "# `epdctl up` / `rebalance` start with `srun --jobid $SLURM_JOB_ID --overlap`;",
-             "# `epdctl down` stops them and cancels this job."]
-    lines += [f"#SBATCH --{k}" + (f"={v}" if v != "" else "")
-              for k, v in directives(topo, nodes, output=output,
-                                     max_gpus=max((n.gpus for n in topo.nodes), default=0))]
-    lines += ['echo "epdctl: allocation $SLURM_JOB_ID holds $SLURM_JOB_NODELIST"',
-              "exec sleep infinity", ""]
-    return "\n".join(lines)
+__all__ = ["ALLOC_FILE", "Allocation", "SlurmLauncher", "holder_script"]
 
 
 class SlurmLauncher:
@@ -67,6 +40,7 @@ class SlurmLauncher:
 
     name = "slurm"
     runs_here = False
+    nodes_known = False   # the allocation chooses them when the job starts
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
                  accept_new_host_keys: bool = False):
@@ -89,65 +63,44 @@ class SlurmLauncher:
     def allocation(self, timeout: float | None = None) -> Allocation:
         """The cluster's allocation: recorded, adopted from $SLURM_JOB_ID, or submitted now
         (waiting at most ``timeout``, default ``wait_limit`` seconds, for it to run)."""
-        timeout = self.wait_limit if timeout is None else timeout
         if self._alloc is not None:
             return self._alloc
-        if self._alloc_file.exists():
-            recorded = Allocation(**json.loads(self._alloc_file.read_text()))
-            if self.topology is None or jobs.poll([recorded.job])[recorded.job].state == "RUNNING":
-                self._alloc = recorded
-                return recorded
+        rec = allocation.recorded(self._alloc_file.parent)
+        if rec is not None:
+            if self.topology is None or jobs.poll([rec.job])[rec.job].state == "RUNNING":
+                self._alloc = rec
+                return rec
             self._alloc_file.unlink()  # an allocation that ended since: get a new one
         if self.topology is None:
             raise LaunchError(f"no SLURM allocation is recorded in {self._alloc_file}")
-        adopted = os.environ.get("SLURM_JOB_ID")
-        job = adopted or self._submit()
-        try:
-            self._alloc = self._map(job, owned=not adopted, timeout=timeout)
-        except BaseException:
-            if not adopted:
-                jobs.cancel([job])
-            raise
-        self._alloc_file.write_text(json.dumps(asdict(self._alloc), indent=2))
+        self._alloc = allocation.obtain(self._alloc_file.parent, self.topology,
+                                        self.wait_limit if timeout is None else timeout)
         return self._alloc
 
-    def _submit(self) -> str:
-        assert self.cluster_dir is not None
-        topo = self.topology
-        used = slurm_nodes(topo, _plan(topo))
-        self.cluster_dir.mkdir(parents=True, exist_ok=True)
-        script = self.cluster_dir / "job.sbatch"
-        script.write_text(holder_script(topo, len(used), str(self.cluster_dir / "job-%j.out")))
-        return jobs.submit(str(script), ["--chdir", str(self.cluster_dir)])
+    def holding(self, recs: Sequence[ProcessRecord]) -> Holding | None:
+        """The allocation's state; when it ended, why, and which worker ended first."""
+        if self.cluster_dir is None:
+            return None
+        alloc = allocation.recorded(self.cluster_dir)
+        if alloc is None:
+            return None
+        first = []
+        for r in recs:
+            path = self.pid_file(r)
+            try:
+                doc = json.loads(path.read_text())
+                if doc.get("token") == (r.handle.token if r.handle else None) \
+                        and doc.get("state") == "exited":
+                    first.append((path.stat().st_mtime, r.name, str(doc.get("last_exit"))))
+            except (OSError, ValueError, AttributeError):
+                continue
+        return allocation.holding(alloc, [(n, why) for _, n, why in sorted(first)])
 
-    def _map(self, job: str, owned: bool, timeout: float) -> Allocation:
-        """Wait until the job runs, then map the topology's nodes onto its nodes in order."""
-        t0 = time.monotonic()
-        while True:
-            info = jobs.poll([job])[job]
-            if info.state == "RUNNING":
-                break
-            if info.hopeless:
-                raise LaunchError(f"SLURM job {job} can never start: {info.hopeless} (squeue "
-                                  f"reason {info.reason}); compare the topology with `sinfo -N -l`")
-            if not info.active:
-                raise LaunchError(f"SLURM job {job} ended as {info.state} before it ran")
-            if time.monotonic() - t0 > timeout:
-                raise LaunchError(f"SLURM job {job} still {info.state} ({info.reason}) after "
-                                  f"{timeout:.0f}s in the queue; it was cancelled. Raise "
-                                  f"--timeout, or check the queue with `squeue -j {job}`")
-            time.sleep(0.3)
-        topo = self.topology
-        plan = _plan(topo)
-        want = slurm_nodes(topo, plan)
-        got = steps.node_addresses(info.nodes)
-        if len(got) < len(want):
-            raise LaunchError(f"SLURM job {job} has {len(got)} node(s) ({info.nodes}); the "
-                              f"topology needs {len(want)} ({', '.join(want)})")
-        nodes = {t: list(got[i]) for i, t in enumerate(want)}
-        hosts = {topo.node(t).host: got[i][1] for i, t in enumerate(want)}
-        python = {t: ("" if plan.setup.get(t) else sys.executable) for t in want}
-        return Allocation(job=job, owned=owned, nodes=nodes, hosts=hosts, python=python)
+    def node_runners(self, nodes: Sequence[str]) -> Mapping[str, Any]:
+        """`check` reaches the topology's nodes over SSH, as the ssh launcher would."""
+        from epdctl.launchers.ssh import SSHLauncher
+
+        return SSHLauncher(None, self.topology).node_runners(nodes)
 
     def place(self, text: str) -> str:
         """A topology address (in a URL, a flag) -> the allocated node's address."""
@@ -205,7 +158,7 @@ class SlurmLauncher:
         if alloc.python.get(rec.node) and argv[:1] and argv[0] in ("python", "python3",
                                                                   getattr(self.topology, "python", "")):
             argv[0] = alloc.python[rec.node]
-        setup = list(_plan(self.topology).setup.get(rec.node, ())) if self.topology else []
+        setup = list(allocation.plan_of(self.topology).setup.get(rec.node, ())) if self.topology else []
         python = str(alloc.python.get(rec.node) or getattr(self.topology, "python", "python3"))
         command = "\n".join([*setup, "exec " + shlex.join([python, *SUPERVISOR, *argv])])
         env = worker_env({k: self.place(v) for k, v in rec.env.items()}, rec.name, keys=key_vars(rec.argv))
@@ -239,7 +192,7 @@ class SlurmLauncher:
                 if not by_job[job] or wanted - by_job[job]:
                     # a step is gone: when the allocation itself ended (time limit, node failure,
                     # scancel), that is the cause to report, not the step's own last lines
-                    why = _job_end(job)
+                    why = allocation.job_end(job)
                     if why:
                         gone[job] = why
         except LaunchError as e:
@@ -322,22 +275,3 @@ class SlurmLauncher:
     def close(self) -> None:
         return None
 
-
-def _plan(topo: Any) -> Any:
-    from epdctl.render import build_plan
-
-    return build_plan(topo)
-
-
-def _job_end(job: str, settle: float = 3.0) -> str | None:
-    """Why ``job`` no longer runs, or None while it runs. A job the scheduler is ending shows
-    COMPLETING for a moment before its final state (TIMEOUT, CANCELLED, NODE_FAIL ...): wait
-    ``settle`` seconds for that state, which says what to change."""
-    deadline = time.monotonic() + settle
-    while True:
-        info = jobs.poll([job])[job]
-        if info.state == "RUNNING":
-            return None
-        if info.state != "COMPLETING" or time.monotonic() > deadline:
-            return jobs.ended(info)
-        time.sleep(0.3)

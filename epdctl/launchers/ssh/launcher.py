@@ -1,10 +1,8 @@
 """Run workers on other machines over SSH (the ``ssh`` launcher); see docs/ssh.md.
 
-Per node, every operation is one SSH command running the agent (``ssh_agent.py``) after the
+Per node, every operation is one SSH command running the agent (``agent.py``) after the
 node's setup lines; nodes are handled in parallel (``epdctl.launchers.ssh.fanout``) and one node's failure
-never hides another's. Before the first start, every node's epdctl version must equal the
-local one: the workers need torch and the runtime on the node, which no shipped zipapp could
-carry, so a mismatch is refused with both versions rather than papered over.
+never hides another's. Starting (the version gate included) is ``starting.py``.
 
 On the node, ``<run_root>/<cluster>/<node>/<worker>.{log,json}`` records what was started
 (pid, process group, start time, log, ports). Locally, a handle's ``log`` is a mirror under
@@ -22,18 +20,18 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-import epdctl
 from epdctl.errors import LaunchError
-from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
-from epdctl.launchers.base import Results, Status, cluster_id, key_vars, new_token, supervision_env
-from epdctl.state import Handle, ProcessRecord
-from epdctl.launchers.ssh.nodes import (NodeAccess, expand_local, load_nodes, nodes_from_topology,
-                                        options_from_env, ports_of, run_agent, save_nodes)
+from epdctl.launchers.base import Results, Status, cluster_id
+from epdctl.launchers.ssh import starting
 from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
+from epdctl.launchers.ssh.nodes import (NodeAccess, load_nodes, nodes_from_topology,
+                                        options_from_env, run_agent, save_nodes)
+from epdctl.state import Handle, ProcessRecord
+from epdctl.launchers.ssh.runners import ssh_runners
 
 log = logging.getLogger(__name__)
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
-SUPERVISOR_SOURCE = (Path(__file__).parents[1] / "supervise.py").read_text()
 MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `epdctl logs`)
 
 
@@ -43,6 +41,7 @@ class SSHLauncher:
 
     name = "ssh"
     runs_here = False
+    nodes_known = True
 
     def __init__(self, cluster_dir: Path | None = None, topology: Any = None,
                  accept_new_host_keys: bool = False, *,
@@ -131,87 +130,22 @@ class SSHLauncher:
 
     def prepare_node(self, node: str) -> dict[str, Any]:
         """Connect, run setup lines, check the node's epdctl version, create the run folder."""
-        if node in self._prepared:
-            return self._prepared[node]
-        info = self._agent(node, {"op": "prepare", "dir": self.remote_dir(node)})
-        mine = epdctl.__version__
-        if info.get("version") is None:
-            raise LaunchError(f"[{node}] epdctl is not importable by {info.get('python')} on the "
-                              f"node ({info.get('problem')}); install epdctl {mine} there, or point "
-                              f"the topology's python / the node's setup lines at it")
-        if info["version"] != mine:
-            raise LaunchError(f"[{node}] epdctl version mismatch: the node has {info['version']} "
-                              f"({info.get('python')}), this machine has {mine}; install epdctl "
-                              f"{mine} on the node (or run this epdctl's version here)")
-        self._prepared[node] = info
-        return info
+        return starting.prepare_node(self, node)
 
     def prepare(self, nodes: Iterable[str] | None = None) -> Results[dict[str, Any]]:
         """``prepare_node`` on every node at once; a per-node Results map."""
-        wanted = list(nodes) if nodes is not None else list(self.nodes)
-        return fanout({n: n for n in wanted}, lambda n, _: self.prepare_node(n),
-                      parallel=self.parallel)
-
-    def _wire(self, rec: ProcessRecord) -> dict[str, Any]:
-        acc = self._access(rec.node)
-        env = expand_local({**acc.env, **rec.env})
-        names = key_vars(rec.argv)  # the router wrapper's and embedded workers' --api-key-env
-        if rec.role == "router" and self.api_key_env:
-            names.append(self.api_key_env)
-        for name in names:
-            if name in os.environ:
-                env[name] = os.environ[name]  # travels on stdin only
-        # markers and supervisor settings; the agent sets the pid file beside the record
-        env.update(supervision_env(cluster_id(self.cluster_dir), rec, new_token(), ""))
-        return {"name": rec.name, "argv": list(rec.argv), "env": env,
-                "ports": ports_of(rec.argv)}
+        return starting.prepare(self, nodes)
 
     def start_on_node(self, node: str, recs: list[ProcessRecord]) -> dict[str, Handle | Exception]:
-        self.prepare_node(node)
-        ans = self._agent(node, {"op": "start", "dir": self.remote_dir(node),
-                                 "workers": [self._wire(r) for r in recs],
-                                 "supervisor": SUPERVISOR_SOURCE,
-                                 "settle": self.settle, "lines": 20})
-        out: dict[str, Handle | Exception] = {}
-        for r in recs:
-            got = ans["workers"][r.name]
-            if "error" in got:
-                out[r.name] = LaunchError(f"[{node}/{r.name}] {got['error']}")
-            elif not got.get("alive", True):
-                self._write_mirror(r, got.get("tail", ""))
-                out[r.name] = LaunchError(
-                    f"[{node}/{r.name}] exited with status {got.get('rc')} right after start; "
-                    f"last lines of {got['log']} on {node}:\n{got.get('tail', '')}")
-            else:
-                out[r.name] = Handle(pid=int(got["pid"]), pgid=int(got["pgid"]),
-                                     create_time=float(got["create_time"]),
-                                     token=got.get("token"))
-        return out
+        return starting.start_on_node(self, node, recs)
 
     # ---- Launcher contract -----------------------------------------------------------
 
     def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
-        """Start many workers, one SSH command per node, nodes in parallel; per worker.
-
-        Every node of the cluster is prepared (version check) on the first call; when one
-        cannot be, nothing starts and LaunchError lists every bad node and the fine ones."""
-        recs = list(recs)
-        res: Results[Handle] = Results()
-        if not recs:
-            return res
-        self._context(Path(recs[0].log))
-        if not self._prepared:  # every bad node reported before anything starts anywhere
-            raise_if_failed(self.prepare(), "preparing the nodes")
-        by_node = self._group(recs)
-        per_node = fanout(by_node, self.start_on_node, parallel=self.parallel)
-        for node, group in by_node.items():
-            for r in group:
-                got = per_node.ok[node][r.name] if node in per_node.ok else per_node.failed[node]
-                if isinstance(got, Exception):
-                    res.failed[r.name] = got
-                else:
-                    res.ok[r.name] = got
-        return res
+        """Start many workers, one SSH command per node, nodes in parallel; per worker. Every
+        node is prepared (version check) first; when one cannot be, nothing starts anywhere
+        and LaunchError lists every bad node and the fine ones."""
+        return starting.start(self, recs)
 
     def poll(self, recs: Sequence[ProcessRecord], lines: int = 20) -> Results[Status]:
         """Alive (same pid and start time) per worker, with the log tail of dead ones."""
@@ -289,7 +223,14 @@ class SSHLauncher:
     def place(self, text: str) -> str:
         return text
 
+    def node_runners(self, nodes: Sequence[str]) -> dict[str, Any]:
+        """Over this launcher's connections (its host-key policy included)."""
+        return ssh_runners(self.pool, {n: self._access(n) for n in nodes})
+
     def release(self) -> None:
+        return None
+
+    def holding(self, recs: Sequence[ProcessRecord]) -> None:
         return None
 
     def records(self, node: str) -> list[dict[str, Any]]:

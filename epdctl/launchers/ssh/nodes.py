@@ -21,7 +21,7 @@ from epdctl.launchers.ssh import agent as ssh_agent
 from epdctl.launchers.ssh.config import SSHOptions, SSHTarget, default_known_hosts, parse_destination
 
 NODES_FILE = "ssh-nodes.json"
-_AGENT_SOURCE = Path(ssh_agent.__file__).read_text()
+_AGENT_SOURCE = ssh_agent.node_source()
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
