@@ -24,7 +24,7 @@ from epdctl.state import ClusterDir, ClusterState
 sys.path.insert(0, str(Path(__file__).parent))
 from test_lifecycle import Plan, _worker  # noqa: E402
 
-BASE = 34700
+BASE = 34800  # 34700-34799 is test_lifecycle.py's
 
 
 def _up(name: str, base: int) -> tuple[ClusterDir, ClusterState, list[int]]:
