@@ -20,8 +20,8 @@ from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
 from epdctl.topology.safety import unsafe_text, unsafe_values
 from epdctl.topology.restart import read_restart
-from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_ports,
-                                    read_in_place, read_router, read_settings, read_slurm, read_transfer, top_level)
+from epdctl.topology.schema import ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_settings, top_level
+from epdctl.topology.sections import read_in_place, read_ports, read_router, read_slurm, read_transfer
 
 __all__ = ["load_topology", "topology_from_text", "Topology", "Worker", "Node", "Role", "Settings", "ROLE_ORDER"]
 

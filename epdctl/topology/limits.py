@@ -43,9 +43,7 @@ class Limits:
 
 
 def read_limits(r: Reader, top: dict[str, Any]) -> Limits:
-    if top.get("limits") is None:
-        return Limits()
-    m = r.mapping(top["limits"], "limits", LIMIT_KEYS, "limits")
+    m = r.section(top, "limits", LIMIT_KEYS)
     if m is None:
         return Limits()
     values: dict[str, Any] = {}

@@ -41,6 +41,13 @@ class Reader:
     def problem(self, path: str, message: str) -> None:
         self.problems.append(Problem(path, self.doc.line(path), message))
 
+    def section(self, top: dict[str, Any], key: str, allowed: Iterable[str]) -> dict[str, Any] | None:
+        """A top-level block such as ``router:``: its mapping, or None when absent (a default applies) or
+        not a mapping of ``allowed`` keys (a problem is recorded)."""
+        if top.get(key) is None:
+            return None
+        return self.mapping(top[key], key, allowed, key)
+
     def mapping(self, value: Any, path: str, allowed: Iterable[str], what: str) -> dict[str, Any] | None:
         """Check ``value`` is a mapping with only ``allowed`` keys; return it (or None)."""
         if not isinstance(value, dict):

@@ -44,9 +44,7 @@ def _one(r: Reader, m: dict[str, Any], path: str, base: RestartPolicy) -> Restar
 def read_restart(r: Reader, top: dict[str, Any]) -> dict[str, RestartPolicy]:
     """role -> policy, for every role (the defaults when the block is absent)."""
     base = RestartPolicy()
-    if top.get("restart") is None:
-        return {role: base for role in ROLES}
-    m = r.mapping(top["restart"], "restart", KEYS + ROLES, "restart")
+    m = r.section(top, "restart", KEYS + ROLES)
     if m is None:
         return {role: base for role in ROLES}
     base = _one(r, m, "restart", base)
