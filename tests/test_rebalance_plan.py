@@ -264,12 +264,12 @@ def test_ports_a_move_adds_must_be_free_before_anything_moves() -> None:
     import socket
 
     from epdctl.errors import LaunchError
-    from epdctl.rebalance.execute import _extra_ports_free
+    from epdctl.rebalance.targets import extra_ports_free
 
     rp = plan_rebalance(local(2, 1, 1), {"prefill": 1}, "encoder")
-    _extra_ports_free(rp)  # nothing listens there
+    extra_ports_free(rp)  # nothing listens there
     with socket.socket() as s:
         s.bind(("127.0.0.1", rp.moves[0].bootstrap_port))
         s.listen()
         with pytest.raises(LaunchError, match=f"prefill-1 port {rp.moves[0].bootstrap_port}"):
-            _extra_ports_free(rp)
+            extra_ports_free(rp)

@@ -16,12 +16,10 @@ import dataclasses
 import logging
 import os
 import shlex
-import socket
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers.base import Launcher
@@ -31,11 +29,12 @@ from epdctl.rebalance import history, links
 from epdctl.rebalance import switch as sw
 from epdctl.rebalance.plan import Move, RebalancePlan, apply_move
 from epdctl.rebalance.steps import MoveResult, Step, Timer, summary
+from epdctl.rebalance.targets import encoder_registries, extra_ports_free, worker_specs
 from epdctl.render import build_plan
 from epdctl.render.plan import Plan, WorkerSpec
 from epdctl.topology.restart import RestartPolicy
 from epdctl.routerctl import RouterClient
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord, worker_of
+from epdctl.state import ClusterDir, ClusterState, ProcessRecord
 from epdctl.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ class Executor:
             "id": uuid.uuid4().hex[:12], "cluster": self.state.name, "who": history.who(),
             "started": time.time(), "request": request, "moves": []}
         if self.launcher.runs_here:
-            _extra_ports_free(self.rp)
+            extra_ports_free(self.rp)
         results = [MoveResult(m) for m in self.rp.moves]
         cur = self.rp.before
         try:
@@ -114,9 +113,9 @@ class Executor:
         plan_old = self._placed(build_plan(cur))
         after = apply_move(cur, m)
         plan_new = self._placed(build_plan(after))
-        old = _specs(plan_old, m.worker)
-        new = _specs(plan_new, m.new_name)
-        regs = _registries(plan_old, exclude=m.worker)
+        old = worker_specs(plan_old, m.worker)
+        new = worker_specs(plan_new, m.new_name)
+        regs = encoder_registries(plan_old, exclude=m.worker)
         timed = Timer(res, label, self.on_step)
         undo: dict[str, Any] = {}
         try:
@@ -143,7 +142,7 @@ class Executor:
                 with timed("ready"):
                     self._bring_up.wait(recs)
             with timed("register"):
-                self._register(m.new_role, new[0], _registries(plan_new, exclude=m.new_name))
+                self._register(m.new_role, new[0], encoder_registries(plan_new, exclude=m.new_name))
             if self.opts.verify:
                 with timed("verify"):
                     res.link = self._verify(new[0], m.new_role, plan_new)
@@ -277,47 +276,3 @@ class Executor:
         return links.verify(spec, role, plan, router_url=router.url if router else None,
                             model=self.opts.model, api_key_env=self.state.api_key_env,
                             attempts=self.opts.verify_attempts)
-
-
-def _extra_ports_free(rp: RebalancePlan) -> None:
-    """Before anything moves: the ports a move adds (a new prefill's bootstrap ports) are free.
-
-    The HTTP port is not checked: the worker's old role still holds it until the stop."""
-    busy = []
-    for m in rp.moves:
-        spec = _specs(rp.plan_after, m.new_name)[0] if any(
-            w.name == m.new_name for w in rp.plan_after.workers) else None
-        for port in (m.bootstrap_port, m.encoder_bootstrap_port):
-            if port is None:
-                continue
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind((spec.host if spec else "127.0.0.1", int(port)))
-                except OSError:
-                    busy.append(f"{m.new_name} port {port}")
-    if busy:
-        raise LaunchError(f"ports the new layout needs are taken: {', '.join(busy)}; free them "
-                          "or change ports.base in the topology, then plan again")
-
-
-def _specs(plan: Plan, worker: str) -> list[WorkerSpec]:
-    specs = [w for w in plan.workers if worker_of(w.name) == worker]
-    if not specs:
-        raise LaunchError(f"worker {worker} is not in the rendered plan")
-    return sorted(specs, key=lambda w: w.node_rank)
-
-
-def _registries(plan: Plan, exclude: str) -> list[str]:
-    """Every prefill leader's encoder registry (its encoder-bootstrap port, else its HTTP port)."""
-    out = []
-    for w in plan.workers:
-        if w.role != "prefill" or not w.is_leader or w.name == exclude:
-            continue
-        if w.encoder_bootstrap_port:
-            host = urlsplit(w.url).hostname or w.host
-            host = f"[{host}]" if ":" in host else host
-            out.append(f"http://{host}:{w.encoder_bootstrap_port}")
-        else:
-            out.append(w.url)
-    return out
