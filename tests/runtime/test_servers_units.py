@@ -12,7 +12,8 @@ import pytest
 from tiny_model import make_image
 
 from epdctl.runtime.metrics import Registry, parse_text
-from epdctl.runtime.openai_api import ApiError, TextStream, parse_chat_request
+from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime.openai_out import TextStream
 from epdctl.runtime.servers.common import ModelThread
 from epdctl.runtime.servers.encoder import EncodeBatcher
 from epdctl.runtime.servers.registry import EncoderRegistry

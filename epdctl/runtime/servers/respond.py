@@ -16,6 +16,7 @@ from typing import Callable
 from aiohttp import web
 
 from epdctl.runtime import openai_api as oa
+from epdctl.runtime import openai_out as oo
 from epdctl.runtime.servers.common import json_response
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class Outcome:
     timings: dict[str, float]
 
 
-async def _tokens(gen: Generation, stream: oa.TextStream):
+async def _tokens(gen: Generation, stream: oo.TextStream):
     """Yield (delta_text, finish_reason|None) until the sequence ends."""
     while True:
         item = await gen.tokens.get()
@@ -72,7 +73,7 @@ async def _tokens(gen: Generation, stream: oa.TextStream):
         yield delta, None
 
 
-def _finalize(gen: Generation, stream: oa.TextStream, finish: str, first: float | None, last: float) -> Outcome:
+def _finalize(gen: Generation, stream: oo.TextStream, finish: str, first: float | None, last: float) -> Outcome:
     now = time.perf_counter()
     n = len(gen.token_ids)
     ttft = None if first is None else first - gen.t_arrival
@@ -86,8 +87,8 @@ def _finalize(gen: Generation, stream: oa.TextStream, finish: str, first: float 
 
 async def respond(request: web.Request, gen: Generation) -> tuple[web.StreamResponse, Outcome]:
     """Answer the client; on any exit path that is not a normal finish the sequence is aborted."""
-    stream = oa.TextStream(gen.decode, gen.req.stop)
-    cid = oa.new_completion_id()
+    stream = oo.TextStream(gen.decode, gen.req.stop)
+    cid = oo.new_completion_id()
     model = gen.req.model
     first: float | None = None
     last = time.perf_counter()
@@ -102,13 +103,13 @@ async def respond(request: web.Request, gen: Generation) -> tuple[web.StreamResp
                     finish = reason
             finished = True
             out = _finalize(gen, stream, finish, first, last)
-            body = oa.chat_completion(cid, model, out.text, finish, oa.usage(gen.prompt_len, out.completion_tokens),
+            body = oo.chat_completion(cid, model, out.text, finish, oo.usage(gen.prompt_len, out.completion_tokens),
                                       out.timings, gen.token_ids if gen.req.return_token_ids else None)
             return json_response(body), out
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         created = int(time.time())
-        await resp.write(oa.sse(oa.chunk(cid, model, created, {"role": "assistant", "content": ""})))
+        await resp.write(oo.sse(oo.chunk(cid, model, created, {"role": "assistant", "content": ""})))
         sent = 0
 
         def new_ids() -> list[int] | None:
@@ -123,21 +124,21 @@ async def respond(request: web.Request, gen: Generation) -> tuple[web.StreamResp
                 last = time.perf_counter()
                 first = first or last
                 if delta:
-                    await resp.write(oa.sse(oa.chunk(cid, model, created, {"content": delta}, token_ids=new_ids())))
+                    await resp.write(oo.sse(oo.chunk(cid, model, created, {"content": delta}, token_ids=new_ids())))
                 if reason:
                     finished = True
                     out = _finalize(gen, stream, reason, first, last)
-                    await resp.write(oa.sse(oa.chunk(cid, model, created, {}, reason,
-                                                     oa.usage(gen.prompt_len, out.completion_tokens), out.timings,
+                    await resp.write(oo.sse(oo.chunk(cid, model, created, {}, reason,
+                                                     oo.usage(gen.prompt_len, out.completion_tokens), out.timings,
                                                      token_ids=new_ids())))
                     break
             else:
                 raise oa.ApiError(500, "the sequence ended without a finish", "aborted", "server_error")
         except oa.ApiError as err:  # headers are sent: report in-band, as OpenAI does
             log.error("stream %s failed: %s", gen.seq_id, err.message)
-            await resp.write(oa.sse(err.body()))
+            await resp.write(oo.sse(err.body()))
             out = Outcome(stream.text, "error", len(gen.token_ids), None, None, dict(gen.timings))
-        await resp.write(oa.SSE_DONE)
+        await resp.write(oo.SSE_DONE)
         await resp.write_eof()
         return resp, out
     except (ConnectionResetError, asyncio.CancelledError):
