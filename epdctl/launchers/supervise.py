@@ -9,9 +9,16 @@ by them when ``state.json`` is damaged or gone, and signals nothing that does no
 
 Configuration comes from the environment the launcher sets (never the command line):
 ``EPDCTL_RESTART`` (JSON: policy never|on-failure|always, limit, backoff), ``EPDCTL_HEALTH_URL``
-(probed until the worker has been healthy once: a worker that dies before that failed to
-start, and is not restarted, so `up` reports it), ``EPDCTL_PID_FILE`` (the per-node pid file,
+(probed every 0.25 s until the worker has been healthy once: a worker that dies before that
+failed to start, and is not restarted, so `up` reports it), ``EPDCTL_PID_FILE`` (the per-node pid file,
 rewritten on every change: supervisor and worker pids, restarts, last exit cause).
+
+Readiness without a race: the worker also gets ``EPDCTL_READY_FD``, the write end of a pipe.
+A worker that writes one byte there before it first answers ``/health`` (epdctl's embedded
+runtime does, once its model is loaded and its ports are bound) is armed by that byte, which the
+supervisor reads again when the worker exits, so a worker that anyone has seen healthy is
+restarted even if it dies before the supervisor's own probe. Engines that ignore the pipe
+(SGLang, vLLM, smg) are armed at the first good probe.
 
 Stdlib only: it runs on SSH nodes and SLURM nodes next to the workers.
 """
@@ -19,6 +26,7 @@ Stdlib only: it runs on SSH nodes and SLURM nodes next to the workers.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -31,6 +39,8 @@ from typing import Any
 MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0          # a run this long resets the back-off and the limit's count
 ARM_WITHOUT_HEALTH_S = 10.0
+PROBE_EVERY_S = 0.25     # while starting; nothing is probed once the worker has been healthy
+READY_FD_ENV = "EPDCTL_READY_FD"
 _stopping = False
 
 
@@ -58,6 +68,31 @@ def _healthy(url: str) -> bool:
             return 200 <= r.status < 300
     except Exception:  # noqa: any failure is "not yet"
         return False
+
+
+def _notified(fd: int) -> bool:
+    """True when the worker wrote its ready byte into the pipe (non-blocking read)."""
+    try:
+        return bool(os.read(fd, 64))
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            return False
+        raise
+
+
+def _start(argv: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """The worker, with the write end of a fresh ready pipe; returns it and the read end."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig, pass_fds=(w,),
+                                env=dict(os.environ, **{READY_FD_ENV: str(w)}))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return proc, r
 
 
 def _write(path: str | None, doc: dict[str, Any]) -> None:
@@ -107,7 +142,7 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
     streak, ever = 0, False   # ever: healthy once; from then on every run may restart
     while True:
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig)
+            proc, ready_fd = _start(argv)
         except OSError as e:
             _say(f"cannot start {argv[0]}: {e}")
             doc.update(state="exited", last_exit=f"cannot start: {e}")
@@ -118,18 +153,29 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
         doc.update(child_pid=proc.pid, since=time.time(), state="starting")
         _write(pid_file, doc)
         next_probe = 0.0
-        while proc.poll() is None:
-            now = time.monotonic()
-            if not up and not _stopping:
-                if health and now >= next_probe:
-                    up, next_probe = _healthy(health), now + 1.0
-                elif not health and now - started >= ARM_WITHOUT_HEALTH_S:
-                    up = True
-                if up:
-                    armed = ever = True
-                    doc["state"] = "running"
-                    _write(pid_file, doc)
-            time.sleep(0.2)
+        try:
+            while True:
+                exited = proc.poll() is not None
+                if not up and not _stopping:
+                    # the ready byte is read again after the exit: a worker healthy once is armed
+                    now = time.monotonic()
+                    if _notified(ready_fd):
+                        up = True
+                    elif exited:
+                        pass
+                    elif health and now >= next_probe:
+                        up, next_probe = _healthy(health), now + PROBE_EVERY_S
+                    elif not health and now - started >= ARM_WITHOUT_HEALTH_S:
+                        up = True
+                    if up:
+                        armed = ever = True
+                        doc["state"] = "running"
+                        _write(pid_file, doc)
+                if exited:
+                    break
+                time.sleep(0.05 if not up else 0.2)
+        finally:
+            os.close(ready_fd)
         rc = proc.returncode
         cause = describe(rc)
         doc["last_exit"] = cause
