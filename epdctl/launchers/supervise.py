@@ -20,6 +20,12 @@ supervisor reads again when the worker exits, so a worker that anyone has seen h
 restarted even if it dies before the supervisor's own probe. Engines that ignore the pipe
 (SGLang, vLLM, smg) are armed at the first good probe.
 
+A router (``EPDCTL_ROUTER=1``) is restarted with every worker it had, not only those on its
+command line: while it runs, the supervisor reads its ``GET /workers`` every 2 s (with the
+cluster's key when the command reads one), and a restart replaces the command's ``--prefill``/
+``--decode``/``--worker-urls`` with the last list, so workers that `rebalance` added through
+``POST /workers`` (or removed) are registered again exactly as they were.
+
 Stdlib only: it runs on SSH nodes and SLURM nodes next to the workers.
 """
 
@@ -39,6 +45,7 @@ from typing import Any
 MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0          # a run this long resets the back-off and the limit's count
 ARM_WITHOUT_HEALTH_S = 10.0
+SNAPSHOT_EVERY_S = 2.0   # a router's worker list copied this often
 PROBE_EVERY_S = 0.25     # while starting; nothing is probed once the worker has been healthy
 READY_FD_ENV = "EPDCTL_READY_FD"
 _stopping = False
@@ -95,6 +102,59 @@ def _start(argv: list[str]) -> tuple[subprocess.Popen[bytes], int]:
     return proc, r
 
 
+def _router_key(argv: list[str]) -> str | None:
+    """The cluster's key when the router reads it (``-m epdctl.router_exec VAR ...``)."""
+    for i, a in enumerate(argv[:-1]):
+        if a == "epdctl.router_exec" and i > 0 and argv[i - 1] == "-m":
+            return os.environ.get(argv[i + 1]) or None
+    return None
+
+
+def router_workers(base: str, key: str | None) -> list[dict[str, Any]] | None:
+    """The router's workers (url, worker_type, bootstrap_port); None when it cannot tell now."""
+    req = urllib.request.Request(base + "/workers", headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=2.0) as r:  # noqa: S310 (the router's own URL)
+            doc = json.loads(r.read())
+        return [{"url": str(w["url"]), "worker_type": str(w.get("worker_type") or "regular"),
+                 "bootstrap_port": w.get("bootstrap_port")}
+                for w in doc["workers"] if w.get("worker_type") in ("prefill", "decode", "regular", None)]
+    except Exception:  # noqa: unreachable, refused, not JSON: keep the last good copy
+        return None
+
+
+def with_workers(argv: list[str], workers: list[dict[str, Any]]) -> list[str]:
+    """``argv`` with its ``--prefill URL [PORT]``, ``--decode URL`` and ``--worker-urls URL...``
+    replaced by ``workers`` (inserted where the first of them was)."""
+    out: list[str] = []
+    at, i = None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--prefill", "--decode", "--worker-urls"):
+            at = len(out) if at is None else at
+            i += 2
+            if a == "--prefill" and i < len(argv) and (argv[i].isdigit() or argv[i] == "none"):
+                i += 1
+            while a == "--worker-urls" and i < len(argv) and not argv[i].startswith("--"):
+                i += 1
+            continue
+        out.append(a)
+        i += 1
+    flags: list[str] = []
+    for w in workers:
+        if w["worker_type"] == "prefill":
+            port = w.get("bootstrap_port")
+            flags += ["--prefill", w["url"], str(port) if isinstance(port, int) else "none"]
+        elif w["worker_type"] == "decode":
+            flags += ["--decode", w["url"]]
+    regular = [w["url"] for w in workers if w["worker_type"] == "regular"]
+    if regular:
+        flags += ["--worker-urls", *regular]
+    if at is None:
+        return out + flags
+    return out[:at] + flags + out[at:]
+
+
 def _write(path: str | None, doc: dict[str, Any]) -> None:
     if not path:
         return
@@ -140,7 +200,14 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
         "token": os.environ.get("EPDCTL_TOKEN", ""), "pid": os.getpid(), "pgid": os.getpgid(0),
         "policy": mode, "limit": limit, "restarts": 0, "last_exit": None, "state": "starting"}
     streak, ever = 0, False   # ever: healthy once; from then on every run may restart
+    router = os.environ.get("EPDCTL_ROUTER") == "1" and bool(health)
+    base = "/".join((health or "").split("/")[:3])
+    key, known, next_snap = _router_key(argv), [], 0.0
     while True:
+        if router and doc["restarts"] and known:
+            argv = with_workers(argv, known)
+            _say(f"router restarts with the {len(known)} worker(s) it had: "
+                 + " ".join(f"{w['worker_type']}={w['url']}" for w in known))
         try:
             proc, ready_fd = _start(argv)
         except OSError as e:
@@ -173,6 +240,9 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
                         _write(pid_file, doc)
                 if exited:
                     break
+                if up and router and time.monotonic() >= next_snap:
+                    known = router_workers(base, key) or known  # the last good, non-empty list
+                    next_snap = time.monotonic() + SNAPSHOT_EVERY_S
                 time.sleep(0.05 if not up else 0.2)
         finally:
             os.close(ready_fd)
