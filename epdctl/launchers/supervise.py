@@ -202,7 +202,8 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
     streak, ever = 0, False   # ever: healthy once; from then on every run may restart
     router = os.environ.get("EPDCTL_ROUTER") == "1" and bool(health)
     base = "/".join((health or "").split("/")[:3])
-    key, known, next_snap = _router_key(argv), [], 0.0
+    key, next_snap = _router_key(argv), 0.0
+    known: list[dict[str, Any]] = []
     while True:
         if router and doc["restarts"] and known:
             argv = with_workers(argv, known)

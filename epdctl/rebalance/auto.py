@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from epdctl.probes import get_loads, http
+from epdctl.probes import get_loads
 from epdctl import metrics
 
 ROLES = ("encoder", "prefill", "decode")
@@ -124,7 +124,7 @@ class Collector:
     def _ttft_mean(self) -> float | None:
         if not self.prometheus_url:
             return None
-        r = http("GET", self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
+        r = metrics.fetch(self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
         if not r.ok:
             return None
         m = metrics.summed(r.body.decode(errors="replace"))
