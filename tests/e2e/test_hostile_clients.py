@@ -87,10 +87,15 @@ def _post_early_answer(url: str, data: bytes, timeout: float = 120) -> tuple[int
 
 
 def _rss(cluster: Cluster) -> dict[str, int]:
+    """Per recorded process, the RSS of the worker itself: the recorded pid is its supervisor
+    (launchers/supervise.py, ~20 MiB of Python), so its descendants are counted too."""
     out = {}
     for p in cluster.state()["processes"]:
         try:
-            out[p["name"]] = psutil.Process(p["handle"]["pid"]).memory_info().rss  # i13 state: one record per process
+            lead = psutil.Process(p["handle"]["pid"])
+            tree = [lead, *lead.children(recursive=True)]
+            assert len(tree) > 1, f"{p['name']}: supervisor without its worker"
+            out[p["name"]] = sum(q.memory_info().rss for q in tree)
         except psutil.NoSuchProcess:
             out[p["name"]] = -1
     return out
