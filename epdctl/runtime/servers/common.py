@@ -155,15 +155,17 @@ class Served:
 
 
 async def start_runners(apps: list[tuple[web.Application, str, int]],
-                        drain_timeout: float = 15.0) -> list[web.AppRunner]:
+                        drain_timeout: float = 15.0, ready: bool = True) -> list[web.AppRunner]:
     """Bind every (app, host, port) first (RuntimeWorkerError with a one-line reason if one
-    cannot), tell the supervisor this worker is ready (listen.py), then serve them."""
+    cannot), tell the supervisor this worker is ready (listen.py; ``ready=False``: not yet, the
+    caller has more to start), then serve them."""
     socks = []
     runners: list[web.AppRunner] = []
     try:
         for _, host, port in apps:
             socks.append(listen.bind(host, port))
-        listen.notify_ready()
+        if ready:
+            listen.notify_ready()
         for (app, host, port), sock in zip(apps, socks):
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=drain_timeout,
                                    handler_cancellation=True)  # a gone client cancels its handler
