@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from epdctl.launchers.supervise import with_workers
+from epdctl.launchers.supervise import argv_urls, with_workers
 from epdctl.routerctl import RouterClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +36,13 @@ def test_with_workers_replaces_every_worker_flag_in_place() -> None:
     plain = ["py", "-m", "smg.launch_router", "--worker-urls", "http://a:1", "http://a:2", "--port", "5"]
     assert with_workers(plain, [{"url": "http://a:3", "worker_type": "regular"}]) == [
         "py", "-m", "smg.launch_router", "--worker-urls", "http://a:3", "--port", "5"]
+
+
+def test_argv_urls_names_the_workers_a_router_was_started_with() -> None:
+    """Until all of them are on the router's list, the supervisor keeps its last list."""
+    argv = ["py", "-m", "smg.launch_router", "--prefill", "http://p:1", "9", "--decode", "http://d:1/",
+            "--worker-urls", "http://a:1", "http://a:2", "--host", "127.0.0.1", "--port", "5"]
+    assert argv_urls(argv) == {"http://p:1", "http://d:1", "http://a:1", "http://a:2"}
 
 
 def _ports(n: int) -> list[int]:

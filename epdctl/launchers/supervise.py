@@ -1,32 +1,15 @@
 """The per-process supervisor: runs one worker (or the router), restarts it on failure.
 
-Every launcher starts ``python -m epdctl.launchers.supervise -- ARGV...`` instead of ARGV, so
-supervision is the same on local, SSH and inside a SLURM step. The supervisor and its worker
-share one process group (a launcher's stop signals both), the worker dies with the supervisor
-(``PR_SET_PDEATHSIG``), and both carry the identity markers ``EPDCTL_CLUSTER``,
-``EPDCTL_WORKER`` and ``EPDCTL_TOKEN`` in their environment: `down` finds a cluster's processes
-by them when ``state.json`` is damaged or gone, and signals nothing that does not carry them.
-
-Configuration comes from the environment the launcher sets (never the command line):
-``EPDCTL_RESTART`` (JSON: policy never|on-failure|always, limit, backoff), ``EPDCTL_HEALTH_URL``
-(probed every 0.25 s until the worker has been healthy once: a worker that dies before that
-failed to start, and is not restarted, so `up` reports it), ``EPDCTL_PID_FILE`` (the per-node pid file,
-rewritten on every change: supervisor and worker pids, restarts, last exit cause).
-
-Readiness without a race: the worker also gets ``EPDCTL_READY_FD``, the write end of a pipe.
-A worker that writes one byte there before it first answers ``/health`` (epdctl's embedded
-runtime does, once its model is loaded and its ports are bound) is armed by that byte, which the
-supervisor reads again when the worker exits, so a worker that anyone has seen healthy is
-restarted even if it dies before the supervisor's own probe. Engines that ignore the pipe
-(SGLang, vLLM, smg) are armed at the first good probe.
-
-A router (``EPDCTL_ROUTER=1``) is restarted with every worker it had, not only those on its
-command line: while it runs, the supervisor reads its ``GET /workers`` every 2 s (with the
-cluster's key when the command reads one), and a restart replaces the command's ``--prefill``/
-``--decode``/``--worker-urls`` with the last list, so workers that `rebalance` added through
-``POST /workers`` (or removed) are registered again exactly as they were.
-
-Stdlib only: it runs on SSH nodes and SLURM nodes next to the workers.
+Launchers start ``python -m epdctl.launchers.supervise -- ARGV...`` (local, SSH, inside a SLURM
+step). Supervisor and worker share one process group, the worker dies with it (PDEATHSIG), and
+both carry ``EPDCTL_CLUSTER``/``EPDCTL_WORKER``/``EPDCTL_TOKEN``, by which `down` finds them.
+Settings come from the environment: ``EPDCTL_RESTART`` (policy, limit, backoff),
+``EPDCTL_HEALTH_URL``, ``EPDCTL_PID_FILE`` (pids, restarts, last exit cause), ``EPDCTL_ROUTER``.
+A worker is restarted only once it has been healthy: armed by the byte it writes to
+``EPDCTL_READY_FD`` before it first answers (the embedded runtime), read again at its exit, or
+by a good probe (every 0.25 s while it starts). A router is restarted with every worker it had
+(its ``GET /workers``, read every 2 s once all its command's workers are on it), so workers that
+`rebalance` added or removed stay so. docs/reliability.md has the why. Stdlib only.
 """
 
 from __future__ import annotations
@@ -121,6 +104,20 @@ def router_workers(base: str, key: str | None) -> list[dict[str, Any]] | None:
                 for w in doc["workers"] if w.get("worker_type") in ("prefill", "decode", "regular", None)]
     except Exception:  # noqa: unreachable, refused, not JSON: keep the last good copy
         return None
+
+
+def argv_urls(argv: list[str]) -> set[str]:
+    """The worker URLs a router command names (``--prefill``/``--decode``/``--worker-urls``)."""
+    out, flag = set(), ""
+    for a in argv:
+        if a in ("--prefill", "--decode", "--worker-urls"):
+            flag = a
+        elif a.startswith("--"):
+            flag = ""
+        elif flag and "://" in a:
+            out.add(a.rstrip("/"))
+            flag = flag if flag == "--worker-urls" else ""
+    return out
 
 
 def with_workers(argv: list[str], workers: list[dict[str, Any]]) -> list[str]:
@@ -218,6 +215,7 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
             return 127
         current[:] = [proc]
         started, armed, up = time.monotonic(), ever, False  # up: healthy in this run
+        settled = not router  # a router's list counts once every worker it was started with is on it
         doc.update(child_pid=proc.pid, since=time.time(), state="starting")
         _write(pid_file, doc)
         next_probe = 0.0
@@ -242,7 +240,10 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
                 if exited:
                     break
                 if up and router and time.monotonic() >= next_snap:
-                    known = router_workers(base, key) or known  # the last good, non-empty list
+                    listed = router_workers(base, key)
+                    urls = {w["url"].rstrip("/") for w in listed or []}
+                    settled = settled or (bool(listed) and argv_urls(argv) <= urls)
+                    known = listed if listed and settled else known  # never a list still registering
                     next_snap = time.monotonic() + SNAPSHOT_EVERY_S
                 time.sleep(0.05 if not up else 0.2)
         finally:
