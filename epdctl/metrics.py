@@ -8,17 +8,36 @@ keeps what a run changed. Why deltas: workers' counters and histograms are cumul
 runs), so only the difference between two scrapes belongs to this run. Counters, histogram
 ``_sum``/``_count`` and ``_total`` series are differenced; buckets are dropped (the client has
 exact per-request latencies). Works for the embedded workers (``epd_*``) and smg (``smg_*``).
+
+A cluster with an API key serves its workers' ``/metrics`` only with ``Authorization: Bearer
+KEY``: loading or saving a cluster's state names the key's variable (``use_cluster_key``) and
+every page this module fetches (``fetch``) carries the key read from it at call time.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 
-from epdctl.probes import http
+from epdctl.probes import HttpReply, http
 
 log = logging.getLogger(__name__)
+
+_KEY_ENV: list[str | None] = [None]  # the variable holding this process's cluster key
+
+
+def use_cluster_key(env_name: str | None) -> None:
+    """Read /metrics pages with the key held by ``env_name`` (None: without a key)."""
+    _KEY_ENV[0] = env_name
+
+
+def fetch(url: str, timeout: float = 5.0) -> HttpReply:
+    """GET one metrics page (full URL), with the cluster's key when there is one."""
+    key = os.environ.get(_KEY_ENV[0]) if _KEY_ENV[0] else None
+    return http("GET", url, timeout=timeout, headers={"Authorization": f"Bearer {key}"} if key else None)
+
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -59,13 +78,13 @@ def summed(text: str) -> dict[str, float]:
 
 def page(url: str, timeout: float = 3.0) -> dict[str, float] | None:
     """One metrics page (full URL), parsed; None when it does not answer."""
-    r = http("GET", url, timeout=timeout)
+    r = fetch(url, timeout)
     return parse(r.body.decode(errors="replace")) if r.ok else None
 
 
 def worker(url: str, timeout: float = 5.0) -> dict[str, float]:
     """A worker's ``/metrics`` summed by metric name (empty when it serves none)."""
-    r = http("GET", url.rstrip("/") + "/metrics", timeout=timeout)
+    r = fetch(url.rstrip("/") + "/metrics", timeout)
     return summed(r.body.decode(errors="replace")) if r.ok else {}
 
 
@@ -78,7 +97,7 @@ def scrape(endpoints: list[Endpoint]) -> dict[str, dict[str, float]]:
     """Current samples per endpoint; an endpoint that does not answer is left out (logged)."""
     out: dict[str, dict[str, float]] = {}
     for ep in endpoints:
-        r = http("GET", ep.url, timeout=5.0)
+        r = fetch(ep.url)
         if not r.ok:
             log.info("metrics %s (%s) not scraped: HTTP %s %s", ep.name, ep.url, r.status, r.error)
             continue

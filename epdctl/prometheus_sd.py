@@ -10,6 +10,11 @@ One target group per process so each carries its own labels: ``cluster``, ``role
 (encoder/prefill/decode/colocated/router), ``worker`` and ``node``. Only the rank-0 process of a
 multi-node worker serves HTTP, so followers are left out. The router's target is its
 ``--prometheus-host/--prometheus-port`` page, read from the command line it was started with.
+
+A cluster with an API key serves its workers' ``/metrics`` only with ``Authorization: Bearer
+KEY``. The file never carries the key (file_sd has no place for credentials, and the file is
+world-readable): the scrape job does, with ``authorization: {credentials_file: FILE}``
+(``key_hint`` says so when the file is written).
 """
 
 from __future__ import annotations
@@ -73,6 +78,15 @@ def write(path: Path, state: ClusterState | None) -> int:
     except OSError as e:
         raise EpdctlError(f"cannot write Prometheus targets to {path} ({e.strerror}); check the path") from None
     return len(doc)
+
+
+def key_hint(state: ClusterState | None) -> str | None:
+    """How to scrape a keyed cluster: one line for the user, None when the cluster has no key."""
+    if state is None or not state.api_key_env:
+        return None
+    return (f"the workers' /metrics need the cluster's API key: put the value of ${state.api_key_env} in a "
+            "file only Prometheus can read and add `authorization: {type: Bearer, credentials_file: "
+            "FILE}` to the scrape job (docs/limits.md)")
 
 
 def registered(cdir: ClusterDir) -> list[Path]:

@@ -16,16 +16,16 @@ not block behind a long `up`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from epdctl.errors import StateError
+from epdctl.state_lock import ClusterLock
 
 STATE_DIR_ENV = "EPDCTL_STATE_DIR"
 STATE_VERSION = 2
@@ -183,7 +183,7 @@ def check_name(name: str) -> str:
     return name
 
 
-class ClusterDir:
+class ClusterDir(ClusterLock):
     """Names every file of one cluster's run folder and reads/writes its state."""
 
     def __init__(self, name: str, root: Path | None = None):
@@ -193,10 +193,6 @@ class ClusterDir:
     @property
     def state_file(self) -> Path:
         return self.root / "state.json"
-
-    @property
-    def lock_file(self) -> Path:
-        return self.root / "lock"
 
     @property
     def log_dir(self) -> Path:
@@ -231,6 +227,7 @@ class ClusterDir:
             from epdctl.state_check import check_state
 
             check_state(state)
+            _use_key(state)
             return state
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise StateError(
@@ -248,6 +245,7 @@ class ClusterDir:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_file)
+        _use_key(state)
         dfd = os.open(self.root, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -261,52 +259,19 @@ class ClusterDir:
             self.state_file.unlink()
         _refresh_sd(self, None)
 
-    def lock_holder(self) -> str | None:
-        """Who holds the cluster's lock now (``epdctl up, pid N``), None when nobody does: a
-        state left 'starting' with no holder was left by an `up` that was killed."""
-        if not self.lock_file.exists():
-            return None
-        fd = os.open(self.lock_file, os.O_RDONLY)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
-            return None
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def lock(self, command: str, timeout: float = 0.0) -> Iterator[None]:
-        """Hold the cluster's exclusive lock; StateError naming the holder if it is taken."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        holder = os.pread(fd, 200, 0).decode(errors="replace").strip()
-                        raise StateError(
-                            f"cluster {self.name!r} is busy: another epdctl command holds its "
-                            f"lock ({holder or 'unknown holder'}); wait for it to finish"
-                        ) from None
-                    time.sleep(0.05)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"epdctl {command}, pid {os.getpid()}".encode(), 0)
-            yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
-
 
 def _refresh_sd(cdir: ClusterDir, state: ClusterState | None) -> None:
     """Keep registered Prometheus SD files in step with the state (see epdctl/prometheus_sd.py)."""
     from epdctl.prometheus_sd import refresh
 
     refresh(cdir, state)
+
+
+def _use_key(state: ClusterState) -> None:
+    """/metrics pages of a cluster with an API key are read with it (epdctl/metrics.py)."""
+    from epdctl.metrics import use_cluster_key
+
+    use_cluster_key(state.api_key_env)
 
 
 def list_clusters(root: Path | None = None) -> list[str]:

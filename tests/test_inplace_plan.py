@@ -187,5 +187,5 @@ def test_switchable_workers_of_every_role_get_the_cluster_key_and_limits() -> No
         assert argv[argv.index("--max-body-bytes") + 1] == "4096", w.name
         role = argv[argv.index("epdctl.runtime") + 1]
         assert flag_table("embedded", role).check(argv[argv.index(role) + 1:]) == []
-    plain = build_plan(dataclasses.replace(embedded("false"), router=router))
-    assert all("--api-key-env" not in w.argv for w in plain.workers if w.role == "decode")
+    plain = build_plan(dataclasses.replace(embedded("false"), router=router))  # every worker: its /metrics
+    assert all(list(w.argv)[list(w.argv).index("--api-key-env") + 1] == "EPD_CLUSTER_KEY" for w in plain.workers)

@@ -209,6 +209,9 @@ def test_worker_dying_after_ready_is_dead_and_the_others_keep_running(
     monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path / "state"))
     topo, plan = _cheap_plan({"encoder": ok_server("n0.slurm", 37100), "prefill": ok_server("n1.slurm", 37200),
                               "decode": ok_server("n2.slurm", 37300)})
+    # restart: never (the default, on-failure, restarts it: the next test). Before the supervisor's
+    # ready pipe / 0.25 s probe, a kill right after `up` happened to land before its first probe.
+    plan = dataclasses.replace(plan, restart={role: {"policy": "never"} for role in ("encoder", "prefill", "decode")})
     cdir, state, lau, up = _bring_up(topo, plan, "slurm-local-late-death")
     up.run(plan)
     try:

@@ -62,8 +62,9 @@ class Sup:
 def server(tmp_path: Path) -> Any:
     made: list[Sup] = []
 
-    def make(policy: dict[str, Any], argv: list[str] | None = None, health: bool = True) -> tuple[Sup, str]:
-        port = _free_port()
+    def make(policy: dict[str, Any], argv: list[str] | None = None, health: bool = True,
+             port: int | None = None) -> tuple[Sup, str]:
+        port = port or _free_port()
         url = f"http://127.0.0.1:{port}/"
         argv = argv or [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
         sup = Sup(tmp_path, argv, policy, url if health else None)
@@ -135,3 +136,37 @@ def test_the_worker_dies_with_its_supervisor(server: Any) -> None:
         time.sleep(0.05)
     alive = psutil.pid_exists(d["child_pid"]) and psutil.Process(d["child_pid"]).status() != psutil.STATUS_ZOMBIE
     assert not alive
+
+
+# A worker that tells its supervisor it is ready (the embedded runtime's start_runners does,
+# listen.py) and dies at once on its first run: no health probe can have seen it, so only the
+# ready byte can arm the restart. Deterministic: the first run never serves at all.
+READY_THEN_DIE = """
+import os, signal, sys
+from pathlib import Path
+marker = Path(sys.argv[1])
+if not marker.exists():
+    marker.write_text("first run")
+    os.write(int(os.environ["EPDCTL_READY_FD"]), b"R")
+    os.kill(os.getpid(), signal.SIGKILL)
+os.execv(sys.executable, [sys.executable, "-m", "http.server", sys.argv[2], "--bind", "127.0.0.1"])
+"""
+
+
+def test_a_worker_that_said_ready_is_restarted_even_if_it_dies_before_any_probe(server: Any,
+                                                                                 tmp_path: Path) -> None:
+    port = _free_port()
+    sup, url = server({"policy": "on-failure", "limit": 3, "backoff": 0.1},
+                      argv=[sys.executable, "-c", READY_THEN_DIE, str(tmp_path / "marker"), str(port)],
+                      port=port)
+    d = sup.until(lambda d: d.get("restarts") == 1 and d.get("state") == "running")
+    assert d["last_exit"] == "killed by signal 9 (SIGKILL)"
+    assert "restart 1/3" in sup.log.read_text()
+    assert _get(url) == 200  # the second run serves (armed by its first good probe)
+
+
+def test_a_worker_that_never_wrote_the_byte_and_died_before_healthy_is_not_restarted(server: Any) -> None:
+    sup, _url = server({"policy": "on-failure", "limit": 3, "backoff": 0.1},
+                       argv=[sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    assert sup.proc.wait(20) == 128 + 9
+    assert sup.doc()["restarts"] == 0 and sup.doc()["state"] == "exited"

@@ -13,9 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from epdctl.metrics import parse
+from epdctl.metrics import fetch, parse
 from epdctl.errors import ProbeError
-from epdctl.probes import http
 
 TRANSFERS = "sglang:encoder_transfer_seconds_count"
 ITEMS = "sglang:encoder_mm_items_per_request_sum"
@@ -56,7 +55,7 @@ def encoder_counts(text: str) -> tuple[float, float] | None:
 
 
 def _read(url: str) -> tuple[float, float] | None:
-    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
+    r = fetch(url.rstrip("/") + "/metrics")
     return encoder_counts(r.body.decode(errors="replace")) if r.ok else None
 
 

@@ -19,7 +19,6 @@ from typing import Any, Callable, Sequence
 
 from epdctl import metrics
 from epdctl.errors import ProbeError
-from epdctl.probes import http
 from epdctl.rebalance.links import pd_pair
 
 SENT, RECEIVED = "transport_bytes_sent_total", "transport_bytes_received_total"
@@ -78,7 +77,7 @@ class PairReport:
 
 def counters(url: str) -> tuple[float, float] | None:
     """(sent, received) transport bytes of one worker; None when its /metrics is unreachable."""
-    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
+    r = metrics.fetch(url.rstrip("/") + "/metrics")
     if not r.ok:
         return None
     m = metrics.summed(r.body.decode(errors="replace"))

@@ -96,9 +96,9 @@ def _post(url: str, body: dict[str, Any], what: str, timeout: float) -> dict[str
 
 def kv_counters(url: str) -> tuple[float | None, float | None, str | None]:
     """(KV bytes sent, transfers, source) from a prefill's /metrics; Nones when not exported."""
-    from epdctl.metrics import parse
+    from epdctl.metrics import fetch, parse
 
-    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
+    r = fetch(url.rstrip("/") + "/metrics")
     if not r.ok:
         return None, None, None
     m = parse(r.body.decode(errors="replace"))

@@ -15,7 +15,7 @@ from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers import get_launcher, names as launcher_names
 from epdctl.launchers.lifecycle import BringUp
 from epdctl.launchers.observe import observe
-from epdctl.prometheus_sd import register as register_sd
+from epdctl.prometheus_sd import key_hint, register as register_sd
 from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 from epdctl.topology.schema import LAUNCHERS
 
@@ -135,6 +135,8 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
                                  model=topo.model.served_name)
             if prometheus_sd is not None:
                 register_sd(cdir, prometheus_sd, state)
+                if hint := key_hint(state):
+                    click.echo(hint, err=True)
             cdir.save(state)
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
@@ -177,6 +179,8 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
             n = register_sd(cdir, prometheus_sd, state)
             click.echo(f"wrote {n} Prometheus target(s) to {prometheus_sd} (kept current by up/rebalance/down)",
                        err=True)
+            if hint := key_hint(state):
+                click.echo(hint, err=True)
             prometheus_sd = None
         launcher = get_launcher(state.launcher, cdir.root)
         try:

@@ -191,6 +191,8 @@ def supervision_env(cluster: str, rec: ProcessRecord, token: str, pid_file: str)
            "EPDCTL_RESTART": json.dumps(rec.restart or {}), "EPDCTL_PID_FILE": pid_file}
     if rec.is_leader and rec.url:
         env["EPDCTL_HEALTH_URL"] = rec.url.rstrip("/") + rec.health_path
+    if rec.role == "router":  # restarted with the workers it had (supervise.py)
+        env["EPDCTL_ROUTER"] = "1"
     return env
 
 

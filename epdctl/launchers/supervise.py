@@ -1,24 +1,21 @@
 """The per-process supervisor: runs one worker (or the router), restarts it on failure.
 
-Every launcher starts ``python -m epdctl.launchers.supervise -- ARGV...`` instead of ARGV, so
-supervision is the same on local, SSH and inside a SLURM step. The supervisor and its worker
-share one process group (a launcher's stop signals both), the worker dies with the supervisor
-(``PR_SET_PDEATHSIG``), and both carry the identity markers ``EPDCTL_CLUSTER``,
-``EPDCTL_WORKER`` and ``EPDCTL_TOKEN`` in their environment: `down` finds a cluster's processes
-by them when ``state.json`` is damaged or gone, and signals nothing that does not carry them.
-
-Configuration comes from the environment the launcher sets (never the command line):
-``EPDCTL_RESTART`` (JSON: policy never|on-failure|always, limit, backoff), ``EPDCTL_HEALTH_URL``
-(probed until the worker has been healthy once: a worker that dies before that failed to
-start, and is not restarted, so `up` reports it), ``EPDCTL_PID_FILE`` (the per-node pid file,
-rewritten on every change: supervisor and worker pids, restarts, last exit cause).
-
-Stdlib only: it runs on SSH nodes and SLURM nodes next to the workers.
+Launchers start ``python -m epdctl.launchers.supervise -- ARGV...`` (local, SSH, inside a SLURM
+step). Supervisor and worker share one process group, the worker dies with it (PDEATHSIG), and
+both carry ``EPDCTL_CLUSTER``/``EPDCTL_WORKER``/``EPDCTL_TOKEN``, by which `down` finds them.
+Settings come from the environment: ``EPDCTL_RESTART`` (policy, limit, backoff),
+``EPDCTL_HEALTH_URL``, ``EPDCTL_PID_FILE`` (pids, restarts, last exit cause), ``EPDCTL_ROUTER``.
+A worker is restarted only once it has been healthy: armed by the byte it writes to
+``EPDCTL_READY_FD`` before it first answers (the embedded runtime), read again at its exit, or
+by a good probe (every 0.25 s while it starts). A router is restarted with every worker it had
+(its ``GET /workers``, read every 2 s once all its command's workers are on it), so workers that
+`rebalance` added or removed stay so. docs/reliability.md has the why. Stdlib only.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -31,6 +28,9 @@ from typing import Any
 MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0          # a run this long resets the back-off and the limit's count
 ARM_WITHOUT_HEALTH_S = 10.0
+SNAPSHOT_EVERY_S = 2.0   # a router's worker list copied this often
+PROBE_EVERY_S = 0.25     # while starting; nothing is probed once the worker has been healthy
+READY_FD_ENV = "EPDCTL_READY_FD"
 _stopping = False
 
 
@@ -58,6 +58,98 @@ def _healthy(url: str) -> bool:
             return 200 <= r.status < 300
     except Exception:  # noqa: any failure is "not yet"
         return False
+
+
+def _notified(fd: int) -> bool:
+    """True when the worker wrote its ready byte into the pipe (non-blocking read)."""
+    try:
+        return bool(os.read(fd, 64))
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+            return False
+        raise
+
+
+def _start(argv: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    """The worker, with the write end of a fresh ready pipe; returns it and the read end."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig, pass_fds=(w,),
+                                env=dict(os.environ, **{READY_FD_ENV: str(w)}))
+    except BaseException:
+        os.close(r)
+        raise
+    finally:
+        os.close(w)
+    return proc, r
+
+
+def _router_key(argv: list[str]) -> str | None:
+    """The cluster's key when the router reads it (``-m epdctl.router_exec VAR ...``)."""
+    for i, a in enumerate(argv[:-1]):
+        if a == "epdctl.router_exec" and i > 0 and argv[i - 1] == "-m":
+            return os.environ.get(argv[i + 1]) or None
+    return None
+
+
+def router_workers(base: str, key: str | None) -> list[dict[str, Any]] | None:
+    """The router's workers (url, worker_type, bootstrap_port); None when it cannot tell now."""
+    req = urllib.request.Request(base + "/workers", headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=2.0) as r:  # noqa: S310 (the router's own URL)
+            doc = json.loads(r.read())
+        return [{"url": str(w["url"]), "worker_type": str(w.get("worker_type") or "regular"),
+                 "bootstrap_port": w.get("bootstrap_port")}
+                for w in doc["workers"] if w.get("worker_type") in ("prefill", "decode", "regular", None)]
+    except Exception:  # noqa: unreachable, refused, not JSON: keep the last good copy
+        return None
+
+
+def argv_urls(argv: list[str]) -> set[str]:
+    """The worker URLs a router command names (``--prefill``/``--decode``/``--worker-urls``)."""
+    out, flag = set(), ""
+    for a in argv:
+        if a in ("--prefill", "--decode", "--worker-urls"):
+            flag = a
+        elif a.startswith("--"):
+            flag = ""
+        elif flag and "://" in a:
+            out.add(a.rstrip("/"))
+            flag = flag if flag == "--worker-urls" else ""
+    return out
+
+
+def with_workers(argv: list[str], workers: list[dict[str, Any]]) -> list[str]:
+    """``argv`` with its ``--prefill URL [PORT]``, ``--decode URL`` and ``--worker-urls URL...``
+    replaced by ``workers`` (inserted where the first of them was)."""
+    out: list[str] = []
+    at, i = None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--prefill", "--decode", "--worker-urls"):
+            at = len(out) if at is None else at
+            i += 2
+            if a == "--prefill" and i < len(argv) and (argv[i].isdigit() or argv[i] == "none"):
+                i += 1
+            while a == "--worker-urls" and i < len(argv) and not argv[i].startswith("--"):
+                i += 1
+            continue
+        out.append(a)
+        i += 1
+    flags: list[str] = []
+    for w in workers:
+        if w["worker_type"] == "prefill":
+            port = w.get("bootstrap_port")
+            flags += ["--prefill", w["url"], str(port) if isinstance(port, int) else "none"]
+        elif w["worker_type"] == "decode":
+            flags += ["--decode", w["url"]]
+    regular = [w["url"] for w in workers if w["worker_type"] == "regular"]
+    if regular:
+        flags += ["--worker-urls", *regular]
+    if at is None:
+        return out + flags
+    return out[:at] + flags + out[at:]
 
 
 def _write(path: str | None, doc: dict[str, Any]) -> None:
@@ -105,9 +197,17 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
         "token": os.environ.get("EPDCTL_TOKEN", ""), "pid": os.getpid(), "pgid": os.getpgid(0),
         "policy": mode, "limit": limit, "restarts": 0, "last_exit": None, "state": "starting"}
     streak, ever = 0, False   # ever: healthy once; from then on every run may restart
+    router = os.environ.get("EPDCTL_ROUTER") == "1" and bool(health)
+    base = "/".join((health or "").split("/")[:3])
+    key, next_snap = _router_key(argv), 0.0
+    known: list[dict[str, Any]] = []
     while True:
+        if router and doc["restarts"] and known:
+            argv = with_workers(argv, known)
+            _say(f"router restarts with the {len(known)} worker(s) it had: "
+                 + " ".join(f"{w['worker_type']}={w['url']}" for w in known))
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_pdeathsig)
+            proc, ready_fd = _start(argv)
         except OSError as e:
             _say(f"cannot start {argv[0]}: {e}")
             doc.update(state="exited", last_exit=f"cannot start: {e}")
@@ -115,21 +215,39 @@ def supervise(argv: list[str], policy: dict[str, Any], health: str | None,
             return 127
         current[:] = [proc]
         started, armed, up = time.monotonic(), ever, False  # up: healthy in this run
+        settled = not router  # a router's list counts once every worker it was started with is on it
         doc.update(child_pid=proc.pid, since=time.time(), state="starting")
         _write(pid_file, doc)
         next_probe = 0.0
-        while proc.poll() is None:
-            now = time.monotonic()
-            if not up and not _stopping:
-                if health and now >= next_probe:
-                    up, next_probe = _healthy(health), now + 1.0
-                elif not health and now - started >= ARM_WITHOUT_HEALTH_S:
-                    up = True
-                if up:
-                    armed = ever = True
-                    doc["state"] = "running"
-                    _write(pid_file, doc)
-            time.sleep(0.2)
+        try:
+            while True:
+                exited = proc.poll() is not None
+                if not up and not _stopping:
+                    # the ready byte is read again after the exit: a worker healthy once is armed
+                    now = time.monotonic()
+                    if _notified(ready_fd):
+                        up = True
+                    elif exited:
+                        pass
+                    elif health and now >= next_probe:
+                        up, next_probe = _healthy(health), now + PROBE_EVERY_S
+                    elif not health and now - started >= ARM_WITHOUT_HEALTH_S:
+                        up = True
+                    if up:
+                        armed = ever = True
+                        doc["state"] = "running"
+                        _write(pid_file, doc)
+                if exited:
+                    break
+                if up and router and time.monotonic() >= next_snap:
+                    listed = router_workers(base, key)
+                    urls = {w["url"].rstrip("/") for w in listed or []}
+                    settled = settled or (bool(listed) and argv_urls(argv) <= urls)
+                    known = listed if listed and settled else known  # never a list still registering
+                    next_snap = time.monotonic() + SNAPSHOT_EVERY_S
+                time.sleep(0.05 if not up else 0.2)
+        finally:
+            os.close(ready_fd)
         rc = proc.returncode
         cause = describe(rc)
         doc["last_exit"] = cause

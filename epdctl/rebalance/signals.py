@@ -17,13 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from epdctl import metrics
-from epdctl.probes import get_loads, http
+from epdctl.probes import get_loads
 from epdctl.rebalance.auto import ROLES, Sample
 from epdctl.rebalance.own_work import busy_seconds, own_queue
 
 
 def _page(url: str) -> dict[str, float]:
-    r = http("GET", url.rstrip("/") + "/metrics", timeout=5.0)
+    r = metrics.fetch(url.rstrip("/") + "/metrics", timeout=5.0)
     return metrics.parse(r.body.decode(errors="replace")) if r.ok else {}
 
 
@@ -93,7 +93,7 @@ class Collector:
     def _ttft_mean(self) -> float | None:
         if not self.prometheus_url:
             return None
-        r = http("GET", self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
+        r = metrics.fetch(self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
         if not r.ok:
             return None
         m = metrics.summed(r.body.decode(errors="replace"))

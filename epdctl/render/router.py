@@ -6,6 +6,9 @@ rotation in seconds, a late one registered within a second of being healthy, sin
 the router together with its workers) unless ``router.args`` chose other values, and with an
 API key the command starts the router through ``python -m epdctl.router_exec VAR MODULE ...``,
 which reads the key from the environment variable VAR so it never appears on a command line.
+smg runs with ``--enable-igw`` (its model-aware routing): a request for a model no worker serves
+is answered ``404 model_not_found`` in OpenAI's error shape instead of ``503
+no_available_workers``, which clients retry and which reads as an outage.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, p
         argv += ["--policy", r.policy]
     if r.implementation == "smg":  # the router refuses bigger bodies (413) before any worker sees them
         argv += ["--max-payload-size", str(topo.limits.max_body_bytes)]
+        if "--enable-igw" not in r.args:  # route by model: a model no worker serves is a 404
+            argv.append("--enable-igw")   # model_not_found, not a 503 (limits.md)
     argv += list(r.args)
     for flag, value in HEALTH_FLAGS.items():
         if flag not in r.args:

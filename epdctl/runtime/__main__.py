@@ -56,9 +56,9 @@ def _transport(p: argparse.ArgumentParser) -> None:
 
 def _api_key(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-env", default=None, metavar="NAME",
-                   help="environment variable holding the cluster's API key; the encoder registry and "
-                        "POST /admin/switch_role then require it (Authorization: Bearer KEY) and encoders "
-                        "send it when they register")
+                   help="environment variable holding the cluster's API key; the encoder registry, "
+                        "the KV bootstrap, /metrics and POST /admin/switch_role then require it "
+                        "(Authorization: Bearer KEY), and encoders and decodes send it to the prefills")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--kv-timeout", type=float, default=30.0, help="seconds to wait for a room's KV")
     dec.add_argument("--max-images-per-request", type=int, default=16, help="reported only; the prefill enforces it")
     dec.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="HTTP body size limit")
-    _api_key(dec)  # a decode uses it only for POST /admin/switch_role (--switchable)
+    _api_key(dec)  # its /metrics, its calls to the prefill's /kv/route, POST /admin/switch_role
     _switchable(dec)
 
     col = roles.add_parser("colocated", help="encoder+prefill+decode in one process")
@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_flags(col)
     col.add_argument("--max-running-requests", type=int, default=64)
     col.add_argument("--cache-mb", type=float, default=256.0)
+    _api_key(col)
     return parser
 
 

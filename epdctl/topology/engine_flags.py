@@ -33,7 +33,7 @@ EMBEDDED_ROLES: dict[str, dict[str, object]] = {
                 "--kv-timeout": None, "--encoder-timeout": None, "--encoder-probe-interval": None, **_KEY, **_SWITCH},
     "decode": {**_COMMON, **_SERVED, **_TRANSPORT, "--max-running-requests": None, "--kv-timeout": None,
                "--max-images-per-request": None, "--max-body-bytes": None, **_KEY, **_SWITCH},
-    "colocated": {**_COMMON, **_SERVED, **_IMAGES, "--max-running-requests": None, "--cache-mb": None},
+    "colocated": {**_COMMON, **_SERVED, **_IMAGES, **_KEY, "--max-running-requests": None, "--cache-mb": None},
 }
 
 

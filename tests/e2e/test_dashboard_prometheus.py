@@ -1,13 +1,18 @@
-"""A real Prometheus (Debian's `prometheus`) scrapes the session cluster through the file_sd targets
-`epdctl status --prometheus-sd` writes, and every query of monitoring/grafana-epdctl.json returns
-data from it. Runs only where the prometheus binary is installed (scripts/test.sh installs it)."""
+"""A real Prometheus (Debian's `prometheus`) scrapes a cluster that has an API key through the
+file_sd targets `epdctl status --prometheus-sd` writes, with the key from an ``authorization:
+credentials_file:`` (the workers' /metrics answer only with it; the SD file holds no secret), and
+every query of monitoring/grafana-epdctl.json returns data from it. Own keyed cluster (ports
+30900-30999, its own EPDCTL_STATE_DIR). Runs only where the prometheus binary is installed
+(scripts/test.sh installs it)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -16,9 +21,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-Cluster = Any  # tests/e2e/conftest.py's Cluster (not imported: several test folders have a conftest module)
+NAME, BASE = "keyed-prom", 30900
+KEY_ENV, KEY = "EPD_PROM_TEST_KEY", "k-" + os.urandom(12).hex()
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DASHBOARD = ROOT / "monitoring" / "grafana-epdctl.json"
@@ -50,6 +57,43 @@ def _query(base: str, expr: str) -> list[dict[str, Any]]:
     return data["data"]["result"]
 
 
+class Cluster:
+    """This module's own cluster: topologies/local.yaml with the router's API key set."""
+
+    def __init__(self, tmp: Path):
+        doc = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
+        doc["name"] = NAME
+        doc["model"]["path"] = str((ROOT / "models" / "tiny-qwen2vl").resolve())
+        doc["ports"] = {"base": BASE, "limit": BASE + 99}
+        doc["router"]["api_key_env"] = KEY_ENV
+        self.name, self.model = NAME, doc["model"]["served_name"]
+        self.topology = tmp / f"{NAME}.yaml"
+        self.topology.write_text(yaml.safe_dump(doc, sort_keys=False))
+        self.env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"), **{KEY_ENV: KEY})
+        self.router_url = ""
+
+    def epdctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "epdctl", *args], env=self.env, cwd=ROOT, text=True,
+                              capture_output=True, timeout=600)
+
+    def state(self) -> dict[str, Any]:
+        path = Path(self.env["EPDCTL_STATE_DIR"]) / "clusters" / NAME / "state.json"
+        return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("keyed"))
+    up = c.epdctl("up", str(c.topology), "--timeout", "600", "--no-canary")
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        c.router_url = next(p["url"] for p in c.state()["processes"] if p["role"] == "router")
+        yield c
+    finally:
+        down = c.epdctl("down", NAME)
+        assert down.returncode == 0, down.stdout + down.stderr
+
+
 def dashboard_queries() -> list[tuple[str, str]]:
     """(panel title, expr) for every target of every panel, rows included."""
     doc = json.loads(DASHBOARD.read_text())
@@ -68,10 +112,16 @@ def prometheus(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
     sd = tmp / "epdctl-targets.json"
     st = cluster.epdctl("status", cluster.name, "--prometheus-sd", str(sd))
     assert "Traceback" not in st.stderr and sd.exists(), st.stdout + st.stderr
+    assert KEY not in sd.read_text()  # nothing secret in the SD file
+    assert "credentials_file" in st.stdout + st.stderr, st.stdout + st.stderr  # status says how
+    key_file = tmp / "epdctl.key"   # the operator's file, readable by Prometheus only
+    key_file.write_text(KEY)
+    key_file.chmod(0o600)
     (tmp / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
         "scrape_configs:\n"
         "  - job_name: epdctl\n"
+        f"    authorization: {{type: Bearer, credentials_file: '{key_file}'}}\n"
         f"    file_sd_configs: [{{files: ['{sd}'], refresh_interval: 1s}}]\n")
     port = _free_port()
     log = open(tmp / "prometheus.log", "w")
@@ -122,6 +172,18 @@ def test_targets_file_names_every_worker_and_the_router(cluster: Cluster,
     assert {g["labels"]["role"] for g in groups} == {"encoder", "prefill", "decode", "router"}
 
 
+def test_worker_metrics_need_the_key(cluster: Cluster) -> None:
+    for p in cluster.state()["processes"]:
+        if p["role"] == "router":
+            continue
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(p["url"] + "/metrics", timeout=10).read()
+        assert e.value.code == 401, p["name"]
+        req = urllib.request.Request(p["url"] + "/metrics", headers={"Authorization": f"Bearer {KEY}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.status == 200 and b"# TYPE" in r.read()
+
+
 def test_real_prometheus_scrapes_every_target_and_every_dashboard_query_has_data(
         cluster: Cluster, prometheus: tuple[str, Path]) -> None:
     base, sd = prometheus
@@ -155,7 +217,7 @@ def _bad_request(cluster: Cluster) -> None:
     decode = next(p["url"] for p in cluster.state()["processes"] if p["role"] == "decode")
     for url in (cluster.router_url, decode):
         req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=60).read()
         assert e.value.code >= 400

@@ -40,6 +40,7 @@ class Env:
         doc["model"]["path"] = str((ROOT / "models" / "tiny-qwen2vl").resolve())
         doc["ports"] = {"base": BASE, "limit": BASE + 99}
         doc["restart"] = {"policy": "on-failure", "limit": 5, "backoff": 1.0}
+        doc["router"]["policy"] = "round_robin"  # the rebalance test sees every decode serve
         self.topology = tmp / f"{NAME}.yaml"
         self.topology.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.state = tmp / "state"
@@ -156,3 +157,48 @@ def test_kill_9_of_a_worker_under_load_recovers_without_an_operator(cluster: Env
     assert row["alive"] and row["healthy"]
     text = cluster.epdctl("status", NAME, timeout=120).stdout
     assert f"{worker}: killed by signal 9 (SIGKILL); restarted" in text
+
+
+def test_a_restarted_router_keeps_the_workers_rebalance_added(cluster: Env) -> None:
+    """Runs last (it moves encoder-1): `rebalance --decode +1 --from encoder` registers the new
+    decode through POST /workers only; after kill -9 of smg the supervisor restarts it with every
+    worker it had, and requests reach both decodes again without an operator."""
+    move = cluster.epdctl("rebalance", NAME, "--decode", "+1", "--from", "encoder", "-y", "--no-verify")
+    assert move.returncode == 0, move.stdout + move.stderr
+    state = json.loads((cluster.state / "clusters" / NAME / "state.json").read_text())
+    decodes = {p["url"].rstrip("/") for p in state["processes"] if p["role"] == "decode"}
+    assert len(decodes) == 2, state["processes"]
+    routed = _routed_decodes(cluster.router_url, 16)
+    assert routed == decodes, routed
+    time.sleep(2.5)  # the router's supervisor reads its worker list every 2 s
+    before = cluster.pid_file("router")
+    t_kill = time.monotonic()
+    os.kill(before["child_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        now = cluster.pid_file("router")
+        if now["restarts"] == before["restarts"] + 1 and now["state"] == "running":
+            break
+        time.sleep(0.2)
+    seen: set[str] = set()
+    while seen != decodes and time.monotonic() < deadline:
+        try:
+            seen = _routed_decodes(cluster.router_url, 16)
+        except Exception:  # noqa: refused / 503 until smg has its workers back
+            time.sleep(0.2)
+    print(f"\nrouter (after rebalance): both decodes served again {time.monotonic() - t_kill:.1f}s after kill -9")
+    assert seen == decodes, seen
+    log = (cluster.state / "clusters" / NAME / "logs" / "router.log").read_text()
+    assert "router restarts with the 3 worker(s) it had" in log  # the prefill and both decodes
+
+
+def _routed_decodes(url: str, n: int) -> set[str]:
+    """The decode each of ``n`` text requests went to (smg's x-smg-routed-worker-id header)."""
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    seen = set()
+    for i in range(n):
+        raw = client.chat.completions.with_raw_response.create(
+            model="tiny-qwen2vl", max_tokens=2, temperature=0,
+            messages=[{"role": "user", "content": f"count to {i} {random.random()}"}])
+        seen.add(raw.headers["x-smg-routed-worker-id"].rstrip("/"))
+    return seen

@@ -231,6 +231,7 @@ python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --prometheus-host 10.1.0.10 \
     --prometheus-port 29000 \
     --max-payload-size 67108864 \
+    --enable-igw \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \

@@ -50,6 +50,7 @@ python3 -m smg.launch_router \
     --prometheus-host n0.slurm \
     --prometheus-port 37102 \
     --max-payload-size 67108864 \
+    --enable-igw \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \

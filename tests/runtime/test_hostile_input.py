@@ -55,7 +55,7 @@ def workers(tiny_ckpt, tmp_path_factory):
                                     "--max-body-bytes", str(BODY_LIMIT), "--api-key-env", KEY_ENV,
                                     "--encoder-probe-interval", "0.5"], logs),
             "d": Worker("decode", [*m, "--served-model-name", MODEL, "--port", str(D), "--kv-timeout", "3",
-                                   "--max-body-bytes", str(BODY_LIMIT)], logs),
+                                   "--max-body-bytes", str(BODY_LIMIT), "--api-key-env", KEY_ENV], logs),
         }
     finally:
         del os.environ[KEY_ENV]
@@ -158,6 +158,29 @@ def test_registry_needs_the_key_and_http_urls(workers):
             return out
     assert asyncio.run(go()) == [401, 400, 400, 401, 400, 400, 401]
     assert asyncio.run(_listing())["encoder_urls"] == [f"http://127.0.0.1:{E}"]
+
+
+def test_metrics_and_the_kv_bootstrap_need_the_key(workers):
+    """/metrics of every worker, /kv/route and /kv/room on the prefill's bootstrap port: 401 without
+    the cluster's key, served with it (smg sends its --api-key; Prometheus a credentials_file)."""
+    async def go():
+        out = []
+        async with aiohttp.ClientSession() as s:
+            for port in (E, P, D):
+                for headers in ({}, {"Authorization": "Bearer wrong"}, AUTH):
+                    async with s.get(f"http://127.0.0.1:{port}/metrics", headers=headers) as r:
+                        out.append((port, r.status, "# TYPE" in await r.text()))
+            for headers in ({}, AUTH):
+                async with s.post(f"http://127.0.0.1:{PB}/kv/route", json={"room": 1, "reply_to": "tcp://127.0.0.1:1"},
+                                  headers=headers) as r:
+                    out.append((PB, r.status, False))
+                async with s.get(f"http://127.0.0.1:{PB}/kv/room/1", headers=headers) as r:
+                    out.append((PB, r.status, False))
+        return out
+    got = asyncio.run(go())
+    for port in (E, P, D):
+        assert [(st, typed) for p, st, typed in got if p == port] == [(401, False), (401, False), (200, True)], got
+    assert [st for p, st, _ in got if p == PB] == [401, 401, 200, 200], got
 
 
 def test_good_request_still_served(workers):

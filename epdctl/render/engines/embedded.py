@@ -39,10 +39,11 @@ def limit_flags(limits: Limits, role: Role) -> list[str]:
 
 
 def api_key_flags(topo: Topology, role: Role, in_place: bool = False) -> list[str]:
-    """The encoder registry and a switchable worker's POST /admin/switch_role take the cluster's key;
-    the key's variable name, never the key, is rendered."""
+    """Every embedded worker takes the cluster's key (its /metrics, the encoder registry, the KV
+    bootstrap, a switchable worker's POST /admin/switch_role); the variable's name, never the key,
+    is rendered."""
     key_env = topo.router.api_key_env if topo.router is not None else None
-    return ["--api-key-env", key_env] if key_env and (in_place or role in (Role.ENCODER, Role.PREFILL)) else []
+    return ["--api-key-env", key_env] if key_env else []
 
 
 def worker_command(ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -4,6 +4,12 @@ The router sends the same body to both at once; either may arrive first. The dec
 ``/kv/route {"room", "reply_to"}`` to the prefill's ``--bootstrap-port``; the prefill waits
 (bounded) for that route before sending the KV. Routes nobody claims expire, so rooms that
 lost their partner cannot pile up.
+
+A decode does not wait out ``--kv-timeout`` for a prefill that died: while it waits it asks
+``GET /kv/room/{room}`` every second; a prefill that does not know the room (it restarted and lost
+it) or does not answer the connection (it is gone) ends the wait at once with a 503
+``prefill_lost``, which the router may retry on the restarted prefill. With the cluster's API key
+both routes answer only ``Authorization: Bearer KEY`` (auth.py).
 """
 
 from __future__ import annotations
@@ -16,17 +22,21 @@ import aiohttp
 from aiohttp import web
 
 from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.common import json_response, make_app, read_json
 
 log = logging.getLogger(__name__)
+WATCH_EVERY_S = 1.0   # how often a waiting decode asks the prefill whether it still has the room
 
 
 class KVBootstrap:
     """room → decode transport address, with waiting on either side."""
 
-    def __init__(self, route_ttl: float = 120.0):
+    def __init__(self, route_ttl: float = 120.0, api_key: str | None = None):
         self._routes: dict[str, tuple[asyncio.Future, float]] = {}
+        self._taken: dict[str, float] = {}   # rooms whose route the prefill took (KV on its way)
         self.route_ttl = route_ttl
+        self.api_key = api_key
         self._sweeper: asyncio.Task | None = None
 
     def _entry(self, room: str) -> asyncio.Future:
@@ -45,9 +55,15 @@ class KVBootstrap:
         """The decode address for ``room``; raises asyncio.TimeoutError. Consumes the route."""
         fut = self._entry(room)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), timeout)
+            reply_to = await asyncio.wait_for(asyncio.shield(fut), timeout)
+            self._taken[room] = time.monotonic()
+            return reply_to
         finally:
             self._routes.pop(room, None)
+
+    def knows(self, room: str) -> bool:
+        """True while the room is waiting for its route or its KV is being sent."""
+        return room in self._routes or room in self._taken
 
     def __len__(self) -> int:
         return len(self._routes)
@@ -69,14 +85,19 @@ class KVBootstrap:
                     self._routes.pop(room, None)
                     if not fut.done():
                         fut.cancel()
+            for room, born in list(self._taken.items()):
+                if now - born > self.route_ttl:
+                    self._taken.pop(room, None)
 
     def app(self) -> web.Application:
         app = make_app(64 * 1024)  # route registrations are a few hundred bytes
         app.router.add_post("/kv/route", self._h_route)
+        app.router.add_get("/kv/room/{room}", self._h_room)
         app.router.add_get("/health", self._h_health)
         return app
 
     async def _h_route(self, request: web.Request) -> web.Response:
+        require_bearer(request, self.api_key, "the KV bootstrap")
         body = await read_json(request)
         room, reply_to = body.get("room"), body.get("reply_to")
         if not isinstance(room, (int, str)) or isinstance(room, bool) or not isinstance(reply_to, str):
@@ -84,16 +105,24 @@ class KVBootstrap:
         self.set_route(str(room), reply_to)
         return json_response({"status": "ok"})
 
+    async def _h_room(self, request: web.Request) -> web.Response:
+        require_bearer(request, self.api_key, "the KV bootstrap")
+        room = request.match_info["room"]
+        if not self.knows(room):
+            raise ApiError(404, f"bootstrap_room {room} is unknown here (never seen, expired, or this "
+                                "prefill restarted)", "room_not_found")
+        return json_response({"room": room, "state": "waiting" if room in self._routes else "sending"})
+
     async def _h_health(self, _: web.Request) -> web.Response:
         return web.Response(text="OK")
 
 
 async def register_route(session: aiohttp.ClientSession, host: str, port: int, room: int, reply_to: str,
-                         timeout: float = 10.0) -> None:
+                         timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
     """Decode side: tell the prefill's bootstrap server where to send this room's KV."""
     url = f"http://{host}:{port}/kv/route"
     try:
-        async with session.post(url, json={"room": room, "reply_to": reply_to},
+        async with session.post(url, json={"room": room, "reply_to": reply_to}, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
                 raise ApiError(502, f"prefill bootstrap server {url} answered HTTP {resp.status}: "
@@ -102,3 +131,36 @@ async def register_route(session: aiohttp.ClientSession, host: str, port: int, r
         raise ApiError(502, f"cannot reach the prefill bootstrap server {url}: {exc or type(exc).__name__} "
                             "(check bootstrap_host/bootstrap_port and that the prefill is running)",
                        "bootstrap_failed") from None
+
+
+async def room_lost(session: aiohttp.ClientSession, host: str, port: int, room: int,
+                    headers: dict[str, str] | None = None) -> str | None:
+    """Decode side: why the prefill can no longer send ``room`` (None: it still can, or cannot tell)."""
+    url = f"http://{host}:{port}/kv/room/{room}"
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+            return "it does not know the room (restarted?)" if resp.status == 404 else None
+    except aiohttp.ClientConnectorError as exc:
+        return f"its bootstrap server refuses connections ({exc.os_error.strerror or exc})"
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        return None  # busy or slow is not gone: keep waiting (--kv-timeout still bounds it)
+
+
+async def await_kv(recv: "asyncio.Task[tuple[dict, dict]]", session: aiohttp.ClientSession, host: str, port: int,
+                   room: int, headers: dict[str, str] | None = None, *, kv_timeout: float,
+                   every: float = WATCH_EVERY_S) -> tuple[dict, dict]:
+    """The room's KV from ``recv`` (which times out after ``kv_timeout``: ApiError 504
+    ``kv_timeout``), or ApiError 503 ``prefill_lost`` as soon as the prefill that owes it is gone."""
+    while True:
+        done, _ = await asyncio.wait({recv}, timeout=every)
+        if done:
+            try:
+                return recv.result()
+            except asyncio.TimeoutError:
+                raise ApiError(504, f"no KV cache arrived for bootstrap_room {room} from the prefill at "
+                                    f"{host}:{port} within {kv_timeout:g} s (--kv-timeout); did the prefill "
+                                    "get the same request?", "kv_timeout") from None
+        why = await room_lost(session, host, port, room, headers)
+        if why is not None and not recv.done():
+            raise ApiError(503, f"the prefill at {host}:{port} can no longer send the KV of bootstrap_room "
+                                f"{room}: {why}; retry the request", "prefill_lost")

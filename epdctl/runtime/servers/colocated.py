@@ -24,6 +24,7 @@ from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, to_api
 from epdctl.runtime.servers.decode import GenerationMetrics
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes
+from epdctl.runtime.servers.registry import api_key_from_env
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,8 @@ async def run_colocated(args: Any) -> None:
                       model_path=args.model_path, transport=None,
                       max_running_requests=args.max_running_requests,
                       max_images_per_request=args.max_images_per_request,
-                      context_length=int(bundle.config.text_config.max_position_embeddings))
+                      context_length=int(bundle.config.text_config.max_position_embeddings),
+                      api_key=api_key_from_env(getattr(args, "api_key_env", None)))
     server = ColocatedServer(args, bundle, VisionEncoder(bundle, cache_mb=args.cache_mb), LanguagePrefill(bundle),
                              DecodeEngine(bundle, max_running=args.max_running_requests), info)
     await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop)

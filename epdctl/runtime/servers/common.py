@@ -23,6 +23,7 @@ from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES
 from epdctl.runtime.memtrim import after_large
 from epdctl.runtime.servers.busy import BusyClock
 from epdctl.runtime.openai_api import ApiError, decode_json, error_body
+from epdctl.runtime.servers import listen
 
 log = logging.getLogger(__name__)
 
@@ -165,23 +166,28 @@ class Served:
 
 
 async def start_runners(apps: list[tuple[web.Application, str, int]],
-                        drain_timeout: float = 15.0) -> list[web.AppRunner]:
-    """Bind every (app, host, port); RuntimeWorkerError with a one-line reason if one cannot."""
+                        drain_timeout: float = 15.0, ready: bool = True) -> list[web.AppRunner]:
+    """Bind every (app, host, port) first (RuntimeWorkerError with a one-line reason if one
+    cannot), tell the supervisor this worker is ready (listen.py; ``ready=False``: not yet, the
+    caller has more to start), then serve them."""
+    socks = []
     runners: list[web.AppRunner] = []
     try:
-        for app, host, port in apps:
+        for _, host, port in apps:
+            socks.append(listen.bind(host, port))
+        if ready:
+            listen.notify_ready()
+        for (app, host, port), sock in zip(apps, socks):
             runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=drain_timeout,
                                    handler_cancellation=True)  # a gone client cancels its handler
             await runner.setup()
             runners.append(runner)
-            try:
-                await web.TCPSite(runner, host, port, reuse_address=True).start()
-            except OSError as exc:
-                raise RuntimeWorkerError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                                         "(is another process using this port?)") from None
+            await web.SockSite(runner, sock).start()
             log.info("listening on http://%s:%d", host, port)
     except BaseException:
         await stop_runners(runners)
+        for sock in socks:
+            sock.close()
         raise
     return runners
 

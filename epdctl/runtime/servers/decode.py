@@ -19,12 +19,13 @@ from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
-from epdctl.runtime.servers.bootstrap import register_route
+from epdctl.runtime.servers.bootstrap import await_kv, register_route
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.common import Served, make_app, read_json
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
 from epdctl.runtime.servers.native import add_native_routes, decode_generate
+from epdctl.runtime.servers.registry import api_key_from_env, bearer
 from epdctl.runtime.servers.respond import Generation, respond
 
 log = logging.getLogger(__name__)
@@ -88,6 +89,7 @@ class DecodeServer:
         self.engine = engine
         self.transport = transport
         self.info = info
+        self.info_auth = bearer(info.api_key)  # for the prefills' KV bootstrap
         self.loop: EngineLoop | None = None
         self.slots = asyncio.Semaphore(args.max_running_requests)
         self.waiting_kv = 0
@@ -97,7 +99,7 @@ class DecodeServer:
         self.late: set[asyncio.Task] = set()
         self.metrics = Registry("epd_decode")
         self.gm = GenerationMetrics(self.metrics)
-        self.m_kv = self.metrics.counter("kv_receive_total", "KV receptions by outcome (ok, timeout, error, late)")
+        self.m_kv = self.metrics.counter("kv_receive_total", "KV receptions by outcome (ok, timeout, error, late, lost)")
         m = self.metrics
         m.gauge("running_requests", "Sequences being decoded", lambda: float(self.loop.num_running if self.loop else 0))
         m.gauge("queue_depth", "Requests waiting for their KV or a decode slot",
@@ -174,14 +176,14 @@ class DecodeServer:
         self.waiting_kv += 1
         try:
             await register_route(self.session, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room,
-                                 self.transport.address, timeout=min(10.0, self.args.kv_timeout))
+                                 self.transport.address, timeout=min(10.0, self.args.kv_timeout),
+                                 headers=self.info_auth)
             try:
-                meta, tensors = await recv
-            except asyncio.TimeoutError:
-                self.m_kv.inc(labels={"outcome": "timeout"})
-                raise ApiError(504, f"no KV cache arrived for bootstrap_room {room} from the prefill at "
-                                    f"{req.bootstrap_host}:{req.bootstrap_port} within {self.args.kv_timeout:g} s "
-                                    "(--kv-timeout); did the prefill get the same request?", "kv_timeout") from None
+                meta, tensors = await await_kv(recv, self.session, req.bootstrap_host, req.bootstrap_port,
+                                               req.bootstrap_room, self.info_auth, kv_timeout=self.args.kv_timeout)
+            except ApiError as err:
+                self.m_kv.inc(labels={"outcome": "timeout" if err.code == "kv_timeout" else "lost"})
+                raise
             done = True
         except asyncio.CancelledError:
             self._drain_late(room)
@@ -286,7 +288,8 @@ async def build_decode(args: Any, bundle: Any) -> Served:
                       model_path=args.model_path, transport=args.transport,
                       max_running_requests=args.max_running_requests,
                       max_images_per_request=args.max_images_per_request,
-                      context_length=int(bundle.config.text_config.max_position_embeddings))
+                      context_length=int(bundle.config.text_config.max_position_embeddings),
+                      api_key=api_key_from_env(getattr(args, "api_key_env", None)))
     server = DecodeServer(args, bundle, engine, transport, info)
     return Served("decode", server, server.app(), [], server.on_ready, server.on_stop, idle=server.idle)
 

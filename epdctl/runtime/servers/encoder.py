@@ -26,6 +26,7 @@ from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
                                            to_api_error)
+from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.registry import api_key_from_env, bearer
 
@@ -155,7 +156,8 @@ class EncoderServer:
     async def h_health(self, _: web.Request) -> web.Response:
         return json_response({"status": "ok", "role": "encoder"})
 
-    async def h_metrics(self, _: web.Request) -> web.Response:
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        require_bearer(request, self.api_key, "/metrics")
         return web.Response(text=self.metrics.render(), content_type="text/plain")
 
     def idle(self) -> bool:

@@ -1,7 +1,8 @@
 """Discovery and status endpoints every prefill/decode/colocated worker serves (SGLang's shapes).
 
 smg calls ``/health``, ``/v1/models``, ``/server_info`` and ``/model_info`` to register a
-worker and polls ``/v1/loads`` and ``/metrics``; these answer from memory, never touch the
+worker and polls ``/v1/loads`` and ``/metrics`` (the latter with the cluster's API key when there is
+one, which smg sends to its workers); these answer from memory, never touch the
 model, so they stay fast while a forward pass runs.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
+from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.common import json_response, version
 
 
@@ -29,6 +31,7 @@ class WorkerInfo:
     bootstrap_port: int | None = None
     encoder_bootstrap_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = field(default=None, repr=False)  # /metrics answers only with it (auth.py)
     started: float = field(default_factory=time.time)
 
     @property
@@ -91,7 +94,8 @@ def add_info_routes(app: web.Application, info: WorkerInfo, metrics: Registry, l
                                          "token_usage": round(used / total, 6),
                                          "max_running_requests": info.max_running_requests}]})
 
-    async def metrics_h(_: web.Request) -> web.Response:
+    async def metrics_h(request: web.Request) -> web.Response:
+        require_bearer(request, info.api_key, "/metrics")
         return web.Response(text=metrics.render(), content_type="text/plain")
 
     for path, handler in (("/health", health), ("/health_generate", health_gen), ("/server_info", server_info),

@@ -47,7 +47,8 @@ class PrefillServer:
         self.thread = ModelThread("prefill")
         self.registry = EncoderRegistry(args.encoder_urls or [], probe_interval=args.encoder_probe_interval,
                                         api_key=api_key_from_env(args.api_key_env))
-        self.bootstrap = KVBootstrap(route_ttl=max(4 * args.kv_timeout, 60.0))
+        self.bootstrap = KVBootstrap(route_ttl=max(4 * args.kv_timeout, 60.0),
+                                     api_key=api_key_from_env(args.api_key_env))
         self.limits = limits_from_args(args)
         self.admission = Admission(self.limits, bundle, info.context_length)
         self.session: aiohttp.ClientSession | None = None
@@ -256,6 +257,7 @@ async def build_prefill(args: Any, bundle: Any) -> Served:
                       max_running_requests=args.max_running_requests,
                       max_images_per_request=args.max_images_per_request,
                       context_length=int(bundle.config.text_config.max_position_embeddings),
+                      api_key=api_key_from_env(getattr(args, "api_key_env", None)),
                       bootstrap_port=args.bootstrap_port, encoder_bootstrap_port=args.encoder_bootstrap_port)
     server = PrefillServer(args, bundle, engine, transport, info)
     extra = [(server.bootstrap.app(), args.host, args.bootstrap_port),

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import logging
 import os
 import time
@@ -23,6 +22,7 @@ from aiohttp import web
 
 from epdctl.runtime.errors import RuntimeWorkerError
 from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.common import json_response, read_json
 
 log = logging.getLogger(__name__)
@@ -181,12 +181,7 @@ class EncoderRegistry:
 
     def authorize(self, request: web.Request) -> None:
         """With an API key set, the registry answers only ``Authorization: Bearer <key>``."""
-        if not self.api_key:
-            return
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
-            raise ApiError(401, "the encoder registry needs the cluster's API key (Authorization: Bearer KEY)",
-                           "invalid_api_key")
+        require_bearer(request, self.api_key, "the encoder registry")
 
     async def _h_register(self, request: web.Request) -> web.Response:
         self.authorize(request)

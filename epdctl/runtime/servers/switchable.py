@@ -15,7 +15,6 @@ route needs ``Authorization: Bearer KEY`` like the encoder registry.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import time
@@ -26,6 +25,7 @@ from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.common import (BODY_LIMIT, Served, json_response, make_app, quietly, read_json,
                                            start_runners, stop_event, stop_runners)
 
@@ -87,7 +87,8 @@ class RoleHost:
             request = request.clone(client_max_size=limit)
         return await match.handler(request)
 
-    async def h_metrics(self, _: web.Request) -> web.Response:
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        require_bearer(request, os.environ.get(self.key_env) if self.key_env else None, "/metrics")
         role = self.current.role if self.current else ""
         for r in ROLES:
             self.role_gauge.set(float(r == role), {"role": r})
@@ -99,13 +100,7 @@ class RoleHost:
     # -- switching -----------------------------------------------------------------------------
 
     def authorize(self, request: web.Request) -> None:
-        key = os.environ.get(self.key_env) if self.key_env else None
-        if not key:
-            return
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise ApiError(401, "switching roles needs the cluster's API key (Authorization: Bearer KEY)",
-                           "invalid_api_key")
+        require_bearer(request, os.environ.get(self.key_env) if self.key_env else None, "switching roles")
 
     def _new_args(self, body: dict[str, Any]) -> Any:
         argv = body.get("argv")
@@ -199,7 +194,8 @@ async def run_switchable(args: Any, parse: Parse) -> None:
     bundle = await asyncio.to_thread(load_bundle, args.model_path, role="colocated")
     host = RoleHost(args, bundle, parse)
     stop = stop_event()
-    main = await start_runners([(host.app(), args.host, args.port)])
+    # ready only once the first role's own ports are bound too (bring -> start_runners)
+    main = await start_runners([(host.app(), args.host, args.port)], ready=False)
     try:
         await host.bring(args)
         await stop.wait()

@@ -1,0 +1,73 @@
+"""The control plane reads a keyed cluster's /metrics with the key (epdctl/metrics.py): loading
+or saving the state names the variable, every fetch sends ``Bearer`` read from it at call time;
+the Prometheus SD file never holds the key, and writing it tells how to scrape with one."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from epdctl import metrics, prometheus_sd
+from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+
+KEY = "k-metrics-123"
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, list[str]]]:
+    seen: list[str] = []
+
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            auth = self.headers.get("Authorization", "")
+            seen.append(auth)
+            ok = auth == f"Bearer {KEY}"
+            body = b"# TYPE epd_x_total counter\nepd_x_total 3\n" if ok else b"unauthorized"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    srv.shutdown()
+    metrics.use_cluster_key(None)
+
+
+def test_a_saved_or_loaded_keyed_state_makes_every_metrics_read_carry_the_key(
+        server: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url, seen = server
+    monkeypatch.setenv("EPD_METRICS_TEST_KEY", KEY)
+    metrics.use_cluster_key(None)
+    assert metrics.worker(url) == {} and seen[-1] == ""          # no key named: 401, nothing read
+    cdir = ClusterDir("keyed", tmp_path)
+    cdir.save(ClusterState(name="keyed", topology="t.yaml", launcher="local", engine="embedded",
+                           api_key_env="EPD_METRICS_TEST_KEY"))
+    assert metrics.worker(url) == {"epd_x_total": 3.0} and seen[-1] == f"Bearer {KEY}"
+    metrics.use_cluster_key(None)
+    assert cdir.load() is not None
+    assert metrics.page(url + "/metrics") == {"epd_x_total": 3.0}
+    assert list(metrics.scrape([metrics.Endpoint("w", "decode", url + "/metrics")])) == ["w"]
+
+
+def test_the_sd_file_holds_no_key_and_the_hint_names_credentials_file(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EPD_METRICS_TEST_KEY", KEY)
+    state = ClusterState(name="keyed", topology="t.yaml", launcher="local", engine="embedded",
+                         api_key_env="EPD_METRICS_TEST_KEY",
+                         processes=[ProcessRecord(name="decode-0", role="decode", node="local", host="127.0.0.1",
+                                                  port=31003, url="http://127.0.0.1:31003")])
+    sd = tmp_path / "targets.json"
+    assert prometheus_sd.write(sd, state) == 1
+    assert KEY not in sd.read_text()
+    hint = prometheus_sd.key_hint(state)
+    assert hint and "credentials_file" in hint and "$EPD_METRICS_TEST_KEY" in hint and KEY not in hint
+    assert prometheus_sd.key_hint(ClusterState(name="open", topology="t", launcher="local", engine="e")) is None
