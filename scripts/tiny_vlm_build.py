@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,42 @@ def load_init(model: Any, tok: Any, folder: Path) -> dict[str, Any]:
     if vocab != tok.get_vocab() and len(vocab) + len(SPECIALS) != len(tok):
         raise RuntimeError(f"{folder}: tokenizer differs from the one this script builds")
     done = Qwen2VLForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32)
-    model.load_state_dict(done.state_dict())  # strict: same architecture or a clear error
+    state = done.state_dict()
+    have, want = done.config.text_config.num_hidden_layers, model.config.text_config.num_hidden_layers
+    if want > have:
+        state = grown_state(state, have, want)
+        log.info("grew the text model from %d to %d layers (new layers start as identity)",
+                 have, want)
+    model.load_state_dict(state)  # strict: same architecture or a clear error
     log.info("initialised from %s", folder)
     return json.loads((folder / "training_report.json").read_text())
+
+
+LAYER_KEY = re.compile(r"^(.*\blayers\.)(\d+)(\..*)$")
+ZEROED = (".self_attn.o_proj.weight", ".mlp.down_proj.weight")
+
+
+def grown_state(state: dict[str, torch.Tensor], have: int, want: int) -> dict[str, torch.Tensor]:
+    """Text-model weights for ``want`` layers from a ``have``-layer checkpoint, computing the
+    same function: each new layer copies the old layer it follows (spread evenly) with its
+    attention output and MLP down projections zeroed, so it adds nothing to the residual stream
+    until training moves it."""
+    extra = want - have
+    after = [(k + 1) * have // extra - 1 for k in range(extra)]
+    order: list[tuple[int, bool]] = []  # (old layer, is a new copy)
+    for i in range(have):
+        order.append((i, False))
+        order += [(i, True)] * after.count(i)
+    out: dict[str, torch.Tensor] = {}
+    layers: dict[int, dict[str, tuple[str, str, torch.Tensor]]] = {}
+    for key, val in state.items():
+        m = LAYER_KEY.match(key)
+        if m is None or "visual" in key:
+            out[key] = val
+        else:
+            layers.setdefault(int(m.group(2)), {})[m.group(3)] = (m.group(1), m.group(3), val)
+    for j, (i, copy) in enumerate(order):
+        for prefix, rest, val in layers[i].values():
+            out[f"{prefix}{j}{rest}"] = (torch.zeros_like(val) if copy and rest in ZEROED
+                                         else val.clone())
+    return out
