@@ -165,7 +165,7 @@ def load_init(model: Any, tok: Any, folder: Path) -> dict[str, Any]:
     vocab = json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"]
     if vocab != tok.get_vocab() and len(vocab) + len(SPECIALS) != len(tok):
         raise RuntimeError(f"{folder}: tokenizer differs from the one this script builds")
-    done = Qwen2VLForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32)
+    done: Any = Qwen2VLForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32)
     state = done.state_dict()
     have, want = done.config.text_config.num_hidden_layers, model.config.text_config.num_hidden_layers
     if want > have:
