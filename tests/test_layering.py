@@ -63,3 +63,15 @@ def test_cli_import_does_not_load_torch() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_test_modules_have_distinct_names() -> None:
+    """pytest imports test files without packages by their basename (rootdir conftest style): two
+    files with one name in different folders break collection of the whole suite."""
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((PKG.parent / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(PKG.parent)} and {path.relative_to(PKG.parent)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "rename one of each pair: " + "; ".join(clashes)
