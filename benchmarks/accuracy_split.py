@@ -2,7 +2,7 @@
 KV -> decode), not in one process: per-image (colour and shape both right) and per-request.
 
     .venv/bin/epdctl up topologies/local.yaml --no-canary
-    .venv/bin/python benchmarks/accuracy_split.py --router http://127.0.0.1:31000 --requests 100
+    .venv/bin/python benchmarks/accuracy_split.py --router http://127.0.0.1:31006 --requests 100
     .venv/bin/epdctl down local
 
 Seeds are fixed (base seed + request index) and decoding is greedy, so a run is repeatable;
@@ -24,7 +24,7 @@ from epdctl.canary import measure_accuracy  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--router", default="http://127.0.0.1:31000")
+    ap.add_argument("--router", default="http://127.0.0.1:31006")
     ap.add_argument("--requests", type=int, default=100)
     ap.add_argument("--seed", type=int, default=900_000)
     ap.add_argument("--out", default="benchmarks/results/accuracy_split.json")
