@@ -33,7 +33,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from harness import switchable_layout  # noqa: E402
 from epdctl import shapes  # noqa: E402
 from epdctl.canary import build_messages  # noqa: E402
 
@@ -94,18 +96,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rebalance.json")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-rebalance-"))
-    topo = {
-        "name": "bench-rb", "engine": "embedded", "launcher": "local",
-        "model": {"path": str(ROOT / "models" / "tiny-qwen2vl"), "served_name": "tiny-qwen2vl",
-                  "architecture": "Qwen2VLForConditionalGeneration"},
-        "ports": {"base": BASE, "limit": BASE + 99}, "transfer": {"backend": "zmq"},
-        "rebalance": {"in_place": True},
-        "nodes": [{"name": "local", "host": "127.0.0.1", "shared": True}],
-        "roles": {"encoder": {"nodes": ["local"], "count": 1},
-                  "prefill": {"nodes": ["local"], "count": 1},
-                  "decode": {"nodes": ["local"], "count": 2}},
-        "router": {"node": "local", "host": "127.0.0.1"},
-    }
+    topo = {**switchable_layout(BASE), "name": "bench-rb"}
     path = tmp / "bench-rb.yaml"
     path.write_text(yaml.safe_dump(topo))
     env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))

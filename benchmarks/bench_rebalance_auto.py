@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from harness import Harness  # noqa: E402
+from harness import Harness, switchable_layout  # noqa: E402
 from epdctl.bench.phases import Phase, PhasedLoad  # noqa: E402
 
 BASE = 38500
@@ -38,18 +38,7 @@ ROLES = ("encoder", "prefill", "decode")
 
 
 def topology(h: Harness, name: str, base: int) -> Path:
-    doc = {
-        "engine": "embedded", "launcher": "local",
-        "model": {"path": str(ROOT / "models" / "tiny-qwen2vl"), "served_name": "tiny-qwen2vl",
-                  "architecture": "Qwen2VLForConditionalGeneration"},
-        "ports": {"base": base, "limit": base + 99}, "transfer": {"backend": "zmq"},
-        "rebalance": {"in_place": True},
-        "nodes": [{"name": "local", "host": "127.0.0.1", "shared": True}],
-        "roles": {"encoder": {"nodes": ["local"], "count": 1},
-                  "prefill": {"nodes": ["local"], "count": 1},
-                  "decode": {"nodes": ["local"], "count": 2}},
-        "router": {"node": "local", "host": "127.0.0.1"},
-    }
+    doc = switchable_layout(base)
     return h.topology(doc, name)
 
 
