@@ -28,8 +28,8 @@ def _page(name: str) -> dict[str, float]:
 
 def _sglang_src() -> Path:
     spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.origin:
-        pytest.skip("SGLang's source is not installed (CI installs sglang 0.5.23 with the parsers)")
+    assert spec is not None and spec.origin, ("SGLang's source is not installed: run scripts/setup.sh with "
+                                              "EPDCTL_SETUP_SGLANG=1 (scripts/test.sh does)")
     return Path(spec.origin).parent / "srt"
 
 
