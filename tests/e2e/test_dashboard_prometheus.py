@@ -23,6 +23,9 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from own_cluster import local_copy  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 NAME, BASE = "keyed-prom", 30900
 KEY_ENV, KEY = "EPD_PROM_TEST_KEY", "k-" + os.urandom(12).hex()
@@ -61,10 +64,7 @@ class Cluster:
     """This module's own cluster: topologies/local.yaml with the router's API key set."""
 
     def __init__(self, tmp: Path):
-        doc = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
-        doc["name"] = NAME
-        doc["model"]["path"] = str((ROOT / "models" / "tiny-qwen2vl").resolve())
-        doc["ports"] = {"base": BASE, "limit": BASE + 99}
+        doc = local_copy(NAME, BASE)
         doc["router"]["api_key_env"] = KEY_ENV
         self.name, self.model = NAME, doc["model"]["served_name"]
         self.topology = tmp / f"{NAME}.yaml"

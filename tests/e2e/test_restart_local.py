@@ -28,6 +28,9 @@ import yaml
 
 from epdctl import shapes
 
+sys.path.insert(0, str(Path(__file__).parent))
+from own_cluster import local_copy  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = 36300
 NAME = "restart-e2e"
@@ -35,10 +38,7 @@ NAME = "restart-e2e"
 
 class Env:
     def __init__(self, tmp: Path):
-        doc: dict[str, Any] = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
-        doc["name"] = NAME
-        doc["model"]["path"] = str((ROOT / "models" / "tiny-qwen2vl").resolve())
-        doc["ports"] = {"base": BASE, "limit": BASE + 99}
+        doc = local_copy(NAME, BASE)
         doc["restart"] = {"policy": "on-failure", "limit": 5, "backoff": 1.0}
         doc["router"]["policy"] = "round_robin"  # the rebalance test sees every decode serve
         self.topology = tmp / f"{NAME}.yaml"

@@ -18,6 +18,9 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+sys.path.insert(0, str(Path(__file__).parent))
+from own_cluster import local_copy  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 BASE = 30000
 NAME = "figures-e2e"
@@ -25,10 +28,7 @@ NAME = "figures-e2e"
 
 class Env:
     def __init__(self, tmp: Path):
-        doc: dict[str, Any] = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
-        doc["name"] = NAME
-        doc["model"]["path"] = str((ROOT / "models" / "tiny-qwen2vl").resolve())
-        doc["ports"] = {"base": BASE, "limit": BASE + 99}
+        doc = local_copy(NAME, BASE)
         self.topology = tmp / f"{NAME}.yaml"
         self.topology.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
