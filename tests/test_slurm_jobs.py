@@ -185,7 +185,10 @@ def test_worker_dying_at_start_fails_up_with_name_and_log(cluster: SlurmCluster,
     msg = str(info.value)
     assert "[n1/prefill-0]" in msg and "during startup" in msg
     assert "bad checkpoint" in msg and "loading weights" in msg
-    assert "stopped the 3 process(es)" in msg
+    # the prefill's step can end inside the batched start (then it is a failed start, not one of
+    # the started) or after it: what counts is that every process this run started was stopped
+    assert f"stopped the {len(up.started)} process(es) this run had started" in msg
+    assert 2 <= len(up.started) <= 3, [r.name for r in up.started]
     job = state.processes[0].handle.job  # type: ignore[union-attr]
     assert job and not jobs.poll([job])[job].active  # the allocation was given back
     assert cdir.load() is None and not (cdir.root / ALLOC_FILE).exists()
