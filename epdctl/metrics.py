@@ -10,8 +10,9 @@ runs), so only the difference between two scrapes belongs to this run. Counters,
 exact per-request latencies). Works for the embedded workers (``epd_*``) and smg (``smg_*``).
 
 A cluster with an API key serves its workers' ``/metrics`` only with ``Authorization: Bearer
-KEY``: loading or saving a cluster's state names the key's variable (``use_cluster_key``) and
-every page this module fetches (``fetch``) carries the key read from it at call time.
+KEY``: every reader passes the variable that holds the key (``api_key_env``, the cluster
+state's; None for an open cluster) and ``fetch`` reads it at call time. No module-level key:
+one process may read several clusters (tests, `bench` on a URL beside a recorded cluster).
 """
 
 from __future__ import annotations
@@ -25,17 +26,10 @@ from epdctl.probes import HttpReply, http
 
 log = logging.getLogger(__name__)
 
-_KEY_ENV: list[str | None] = [None]  # the variable holding this process's cluster key
 
-
-def use_cluster_key(env_name: str | None) -> None:
-    """Read /metrics pages with the key held by ``env_name`` (None: without a key)."""
-    _KEY_ENV[0] = env_name
-
-
-def fetch(url: str, timeout: float = 5.0) -> HttpReply:
-    """GET one metrics page (full URL), with the cluster's key when there is one."""
-    key = os.environ.get(_KEY_ENV[0]) if _KEY_ENV[0] else None
+def fetch(url: str, *, api_key_env: str | None, timeout: float = 5.0) -> HttpReply:
+    """GET one metrics page (full URL), with the key held by ``api_key_env`` when it names one."""
+    key = os.environ.get(api_key_env) if api_key_env else None
     return http("GET", url, timeout=timeout, headers={"Authorization": f"Bearer {key}"} if key else None)
 
 
@@ -76,15 +70,15 @@ def summed(text: str) -> dict[str, float]:
     return out
 
 
-def page(url: str, timeout: float = 3.0) -> dict[str, float] | None:
+def page(url: str, *, api_key_env: str | None, timeout: float = 3.0) -> dict[str, float] | None:
     """One metrics page (full URL), parsed; None when it does not answer."""
-    r = fetch(url, timeout)
+    r = fetch(url, api_key_env=api_key_env, timeout=timeout)
     return parse(r.body.decode(errors="replace")) if r.ok else None
 
 
-def worker(url: str, timeout: float = 5.0) -> dict[str, float]:
+def worker(url: str, *, api_key_env: str | None, timeout: float = 5.0) -> dict[str, float]:
     """A worker's ``/metrics`` summed by metric name (empty when it serves none)."""
-    r = fetch(url.rstrip("/") + "/metrics", timeout)
+    r = fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env, timeout=timeout)
     return summed(r.body.decode(errors="replace")) if r.ok else {}
 
 
@@ -93,11 +87,11 @@ def _cumulative(series: str) -> bool:
     return name.endswith(("_total", "_sum", "_count")) and not name.endswith("_bucket")
 
 
-def scrape(endpoints: list[Endpoint]) -> dict[str, dict[str, float]]:
+def scrape(endpoints: list[Endpoint], *, api_key_env: str | None) -> dict[str, dict[str, float]]:
     """Current samples per endpoint; an endpoint that does not answer is left out (logged)."""
     out: dict[str, dict[str, float]] = {}
     for ep in endpoints:
-        r = fetch(ep.url)
+        r = fetch(ep.url, api_key_env=api_key_env)
         if not r.ok:
             log.info("metrics %s (%s) not scraped: HTTP %s %s", ep.name, ep.url, r.status, r.error)
             continue

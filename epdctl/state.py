@@ -227,7 +227,6 @@ class ClusterDir(ClusterLock):
             from epdctl.state_check import check_state
 
             check_state(state)
-            _use_key(state)
             return state
         except (ValueError, TypeError, KeyError, AttributeError) as e:
             raise StateError(
@@ -245,7 +244,6 @@ class ClusterDir(ClusterLock):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state_file)
-        _use_key(state)
         dfd = os.open(self.root, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -265,13 +263,6 @@ def _refresh_sd(cdir: ClusterDir, state: ClusterState | None) -> None:
     from epdctl.prometheus_sd import refresh
 
     refresh(cdir, state)
-
-
-def _use_key(state: ClusterState) -> None:
-    """/metrics pages of a cluster with an API key are read with it (epdctl/metrics.py)."""
-    from epdctl.metrics import use_cluster_key
-
-    use_cluster_key(state.api_key_env)
 
 
 def list_clusters(root: Path | None = None) -> list[str]:

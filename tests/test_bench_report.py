@@ -158,12 +158,12 @@ def test_scrape_delta_keeps_only_what_changed(metrics_server: tuple[str, Registr
     hist.observe(1.0)
     eps = [scrape.Endpoint("encoder-0", "encoder", url + "/metrics"),
            scrape.Endpoint("gone", "encoder", "http://127.0.0.1:9/metrics")]
-    before = scrape.scrape(eps)
+    before = scrape.scrape(eps, api_key_env=None)
     assert set(before) == {"encoder-0"}  # the dead endpoint is skipped, not fatal
     ctr.inc(3)
     hist.observe(0.2)
     hist.observe(0.4)
-    d = scrape.delta(before, scrape.scrape(eps))
+    d = scrape.delta(before, scrape.scrape(eps, api_key_env=None))
     got = d["encoder-0"]
     assert got["epd_encoder_cache_misses_total"] == 3
     assert got["epd_encoder_encode_seconds_count"] == 2

@@ -99,4 +99,4 @@ def test_table_shows_dash_for_worker_without_metrics() -> None:
 
 
 def test_scrape_of_closed_port_is_none() -> None:
-    assert page("http://127.0.0.1:30499/metrics") is None  # nothing listens in this range
+    assert page("http://127.0.0.1:30499/metrics", api_key_env=None) is None  # nothing listens in this range

@@ -176,13 +176,13 @@ def test_encoder_drain_unregisters_from_every_registry_then_waits_quiet(fake: Fa
 def test_encoder_drain_times_out_while_the_queue_stays_busy(fake: FakeSglang) -> None:
     fake.busy_polls = 10**9
     with pytest.raises(dr.DrainError, match="still busy"):
-        dr.wait_encoder_idle(fake.url, timeout=0.6)
+        dr.wait_encoder_idle(fake.url, timeout=0.6, api_key_env=None)
 
 
 def test_metric_parsing_sums_labels_and_reads_transfer_bytes(fake: FakeSglang) -> None:
     vals = metrics.summed(fixture("encoder_metrics_idle")["text"])
     assert vals["epd_encoder_requests_total"] == 44 and vals["epd_encoder_queue_depth"] == 0
-    assert dr.transfer_bytes(fake.url) in (123456.0, 130000.0)
+    assert dr.transfer_bytes(fake.url, None) in (123456.0, 130000.0)
 
 
 @pytest.fixture
@@ -234,7 +234,7 @@ def test_auto_collector_reads_queues_per_role_from_recorded_answers(fake: FakeSg
                SimpleNamespace(role="prefill", url=fake.url, is_leader=True),
                SimpleNamespace(role="decode", url=fake.url, is_leader=True),
                SimpleNamespace(role="decode", url=fake.url, is_leader=False)]  # rank 1: skipped
-    s = Collector(prometheus_url=None).sample(1.0, workers)
+    s = Collector(prometheus_url=None, api_key_env=None).sample(1.0, workers)
     assert s.counts == {"encoder": 1, "prefill": 1, "decode": 1}
     # encoder: queue_depth 2; prefill/decode: 5 running + 1 waiting over two dp ranks
     assert s.queue == {"encoder": 2.0, "prefill": 6.0, "decode": 6.0} and s.ttft is None

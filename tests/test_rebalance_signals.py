@@ -100,7 +100,7 @@ ROLES = {"e0": "encoder", "p0": "prefill", "d0": "decode", "d1": "decode"}
 
 def test_collector_turns_busy_seconds_into_utilisation_and_uses_the_own_queue(cluster) -> None:
     workers, base = cluster
-    c = Collector(prometheus_url=None)
+    c = Collector(prometheus_url=None, api_key_env=None)
     first = c.sample(100.0, plan(base, ROLES))
     assert first.util == {}  # a rate needs two looks
     assert first.queue == {"encoder": 0.0, "prefill": 0.0, "decode": 0.0}  # own queues, not 7s
@@ -116,7 +116,7 @@ def test_collector_turns_busy_seconds_into_utilisation_and_uses_the_own_queue(cl
 
 def test_a_worker_switched_in_place_starts_its_rate_over(cluster) -> None:
     workers, base = cluster
-    c = Collector(prometheus_url=None)
+    c = Collector(prometheus_url=None, api_key_env=None)
     workers["d1"].busy = 50.0
     c.sample(0.0, plan(base, ROLES))
     workers["d1"].busy = 51.0
@@ -167,7 +167,7 @@ def test_a_window_averages_the_utilisation_over_several_looks(cluster) -> None:
     """With ``window`` 4 s and a look every 2 s, each utilisation covers the last 4 s, so one
     noisy 2 s stretch moves it half as much; with no window it is the last 2 s alone."""
     workers, base = cluster
-    smooth, raw = Collector(None, window=4.0), Collector(None)
+    smooth, raw = Collector(None, window=4.0, api_key_env=None), Collector(None, api_key_env=None)
     busy = 0.0
     got = []
     for i, step in enumerate([1.8, 1.8, 0.6, 1.8]):  # busy seconds in each 2 s stretch

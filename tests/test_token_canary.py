@@ -130,7 +130,7 @@ def stub() -> Iterator[Stub]:
 
 
 def test_matching_tokens_pass_with_kv_bytes_from_sglangs_histogram(stub: Stub) -> None:
-    r = check_pair(stub.worker("prefill"), stub.worker("decode"), tokens=6)
+    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=6)
     assert r.ok, r.reason
     assert r.tokens == r.reference == greedy(6)
     assert r.kv_bytes == pytest.approx(0.25 * 1024 * 1024)
@@ -149,7 +149,7 @@ def test_matching_tokens_pass_with_kv_bytes_from_sglangs_histogram(stub: Stub) -
 def test_a_decode_that_diverges_fails_naming_the_token(stub: Stub) -> None:
     good = greedy(6)
     stub.decode_tokens = good[:2] + [(good[2] + 5) % 97] + good[3:]
-    r = check_pair(stub.worker("prefill"), stub.worker("decode"), tokens=6)
+    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=6)
     assert not r.ok and r.first_mismatch == 2 and not r.near_tie
     assert "token 2" in r.reason and "did not use this prefill's KV" in r.reason
 
@@ -158,20 +158,20 @@ def test_a_near_tie_is_reported_not_failed(stub: Stub) -> None:
     good = greedy(4)
     stub.decode_tokens = good[:3] + [(good[3] + 1) % 97]
     stub.margin = 0.001
-    r = check_pair(stub.worker("prefill"), stub.worker("decode"), tokens=4)
+    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=4)
     assert r.ok and r.near_tie and r.first_mismatch == 3
     assert "near tie at token 3" in r.reason
 
 
 def test_no_kv_bytes_counted_fails_even_with_right_tokens(stub: Stub) -> None:
     stub.kv_per_run = 0.0
-    r = check_pair(stub.worker("prefill"), stub.worker("decode"), tokens=4)
+    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=4)
     assert not r.ok and "moved no KV bytes" in r.reason
 
 
 def test_a_dead_decode_is_an_error_with_its_name(stub: Stub) -> None:
     dead = Worker("decode-9", "http://127.0.0.1:9", role="decode")
-    r = check_pair(stub.worker("prefill"), dead, tokens=4, timeout=5)
+    r = check_pair(stub.worker("prefill"), dead, api_key_env=None, tokens=4, timeout=5)
     assert not r.ok and r.reason.startswith("decode decode-9: HTTP 0")
 
 
@@ -198,10 +198,10 @@ def test_kv_counter_falls_back_to_the_embedded_series() -> None:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
-        got = token_canary.kv_counters(f"http://127.0.0.1:{srv.server_address[1]}")
+        got = token_canary.kv_counters(f"http://127.0.0.1:{srv.server_address[1]}", None)
         assert got == (4096.0, None, "epd_transport_bytes_sent_total")
         srv_text["body"] = "some_other_total 1\n"
-        assert token_canary.kv_counters(f"http://127.0.0.1:{srv.server_address[1]}") == (None, None, None)
+        assert token_canary.kv_counters(f"http://127.0.0.1:{srv.server_address[1]}", None) == (None, None, None)
     finally:
         srv.shutdown()
 

@@ -81,10 +81,10 @@ def measure(resolved: Resolved, *, batches: tuple[int, ...] = (1, 4, 16), reques
                     concurrency=1, seed=seed)
 
     say("encoder + prefill: one request at a time, 1 and 4 new images")
-    before = metrics.scrape(resolved.endpoints)
+    before = metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env)
     one = _run(resolved, base.with_(images={1: 1.0}, requests=requests, seed=seed))
     four = _run(resolved, base.with_(images={4: 1.0}, requests=requests, seed=seed + 1))
-    d = metrics.delta(before, metrics.scrape(resolved.endpoints))
+    d = metrics.delta(before, metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env))
     samples = one + four
     if not all(s.timings.get("prefill_ms") for s in samples):
         raise EpdctlError("profile needs the per-response `timings` object of epdctl's embedded "
@@ -126,10 +126,10 @@ def measure(resolved: Resolved, *, batches: tuple[int, ...] = (1, 4, 16), reques
     for b in batches:
         say(f"decode: batch {b} per decode worker ({b * n_dec} requests in flight)")
         c = b * n_dec
-        before = metrics.scrape(resolved.endpoints)
+        before = metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env)
         got = _run(resolved, base.with_(images={1: 1.0}, concurrency=c, requests=c * 2,
                                         repeat=0.5, seed=seed + 10 + b))
-        dec_cpu = _role_cpu(metrics.delta(before, metrics.scrape(resolved.endpoints)),
+        dec_cpu = _role_cpu(metrics.delta(before, metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env)),
                             resolved).get("decode")
         tokens = sum(s.completion_tokens or 0 for s in got)
         if dec_cpu and tokens:

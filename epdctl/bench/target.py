@@ -26,6 +26,7 @@ class Resolved:
     endpoints: list[Endpoint] = field(default_factory=list)
     cluster_dir: Path | None = None
     state: ClusterState | None = None
+    api_key_env: str | None = None  # the variable holding the key the metrics pages want
 
 
 def cluster_endpoints(state: ClusterState) -> list[Endpoint]:
@@ -52,7 +53,7 @@ def resolve(arg: str | None, *, model: str | None = None, api_key_env: str | Non
             raise EpdctlError(f"{arg}/v1/models lists no model (or does not answer); pass "
                               "--model NAME, and check the URL")
         eps = [Endpoint(f"metrics{i}", "external", u) for i, u in enumerate(metrics_urls)]
-        return Resolved(Target(arg.rstrip("/"), model, key), eps)
+        return Resolved(Target(arg.rstrip("/"), model, key), eps, api_key_env=api_key_env)
     cdir = resolve_cluster(arg)
     state = cdir.load()
     if state is None or state.router is None:
@@ -64,7 +65,8 @@ def resolve(arg: str | None, *, model: str | None = None, api_key_env: str | Non
         raise EpdctlError(f"cannot tell which model cluster {cdir.name!r} serves; pass --model")
     eps = cluster_endpoints(state) + [Endpoint(f"metrics{i}", "external", u)
                                       for i, u in enumerate(metrics_urls)]
-    return Resolved(Target(state.router.url, model, key), eps, cdir.root, state)
+    return Resolved(Target(state.router.url, model, key), eps, cdir.root, state,
+                    api_key_env or state.api_key_env)
 
 
 def _key(env: str | None) -> str | None:

@@ -54,17 +54,17 @@ def encoder_counts(text: str) -> tuple[float, float] | None:
     return sum(t), sum(v for k, v in m.items() if k.split("{")[0] == ITEMS)
 
 
-def _read(url: str) -> tuple[float, float] | None:
-    r = fetch(url.rstrip("/") + "/metrics")
+def _read(url: str, api_key_env: str | None) -> tuple[float, float] | None:
+    r = fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env)
     return encoder_counts(r.body.decode(errors="replace")) if r.ok else None
 
 
-def check_encoders(encoders: Sequence[Any], send: Callable[[int], Any],
-                   attempts: int = 6) -> list[EncoderResult]:
+def check_encoders(encoders: Sequence[Any], send: Callable[[int], Any], attempts: int = 6, *,
+                   api_key_env: str | None) -> list[EncoderResult]:
     """``send(i)`` sends the i-th image request through the router (raising ProbeError on a
     failed answer); stops once every encoder counted a transfer."""
     res = {e.name: EncoderResult(e.name) for e in encoders}
-    start = {e.name: _read(e.url) for e in encoders}
+    start = {e.name: _read(e.url, api_key_env) for e in encoders}
     for e in encoders:
         if start[e.name] is None:
             res[e.name].error = (f"{e.name}: no {TRANSFERS} at {e.url}/metrics (start SGLang "
@@ -83,7 +83,7 @@ def check_encoders(encoders: Sequence[Any], send: Callable[[int], Any],
         for e in encoders:
             r = res[e.name]
             r.requests += 1
-            now, before = _read(e.url), start[e.name]
+            now, before = _read(e.url, api_key_env), start[e.name]
             if now is not None and before is not None:
                 r.transfers = now[0] - before[0]
                 r.items = now[1] - before[1]

@@ -75,9 +75,9 @@ class PairReport:
         return {"ok": self.ok, "pairs": [p.to_json() for p in self.pairs]}
 
 
-def counters(url: str) -> tuple[float, float] | None:
+def counters(url: str, api_key_env: str | None) -> tuple[float, float] | None:
     """(sent, received) transport bytes of one worker; None when its /metrics is unreachable."""
-    r = metrics.fetch(url.rstrip("/") + "/metrics")
+    r = metrics.fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env)
     if not r.ok:
         return None
     m = metrics.summed(r.body.decode(errors="replace"))
@@ -85,8 +85,8 @@ def counters(url: str) -> tuple[float, float] | None:
             sum(v for k, v in m.items() if k.endswith(RECEIVED)))
 
 
-def _snapshot(workers: Sequence[Any]) -> dict[str, tuple[float, float] | None]:
-    return {w.name: counters(w.url) for w in workers}
+def _snapshot(workers: Sequence[Any], key_env: str | None) -> dict[str, tuple[float, float] | None]:
+    return {w.name: counters(w.url, key_env) for w in workers}
 
 
 def _delta(a: dict[str, Any], b: dict[str, Any], name: str, i: int) -> float:
@@ -105,7 +105,8 @@ def _one(prefill: Any, decode: Any, model: str | None, seed: int, timeout: float
     return shapes.parse_answer(text, 3) == items
 
 
-def run_pair_canary(workers: Sequence[Any], *, model: str | None, attempts: int = 4,
+def run_pair_canary(workers: Sequence[Any], *, model: str | None, api_key_env: str | None,
+                    attempts: int = 4,
                     timeout: float = 120.0,
                     on_pair: Callable[[PairResult], None] | None = None) -> PairReport:
     """Every P->D pair (up to ``attempts`` requests until one answer is right) and every E->P
@@ -125,18 +126,18 @@ def run_pair_canary(workers: Sequence[Any], *, model: str | None, attempts: int 
         for d in decs:
             pd = PairResult("P->D", p.name, d.name)
             while pd.requests < attempts and not (pd.correct and pd.sent > 0):
-                _measured(p, d, encs, pd, ep, model, rng, timeout)
+                _measured(p, d, encs, pd, ep, model, rng, timeout, api_key_env)
             report.pairs.append(pd)
             if on_pair:
                 on_pair(pd)
         extra = 0
         while encs and extra < attempts and not all(r.sent > 0 for r in ep.values()):
             pd = PairResult("P->D", p.name, decs[0].name)
-            _measured(p, decs[0], encs, pd, ep, model, rng, timeout)
+            _measured(p, decs[0], encs, pd, ep, model, rng, timeout, api_key_env)
             extra += 1
         for e in encs:
             r = ep[e.name]
-            if counters(e.url) is None:
+            if counters(e.url, api_key_env) is None:
                 r.error = f"{e.name}: /metrics at {e.url} unreachable (worker down?)"
             report.pairs.append(r)
             if on_pair:
@@ -146,16 +147,16 @@ def run_pair_canary(workers: Sequence[Any], *, model: str | None, attempts: int 
 
 def _measured(p: Any, d: Any, encs: Sequence[Any], pd: PairResult,
               ep: dict[str, PairResult], model: str | None, rng: random.Random,
-              timeout: float) -> None:
+              timeout: float, key_env: str | None) -> None:
     """One request on (p, d) with every involved counter read before and after."""
     watched = [p, d, *encs]
-    before = _snapshot(watched)
+    before = _snapshot(watched, key_env)
     pd.requests += 1
     try:
         pd.correct += _one(p, d, model, rng.getrandbits(48), timeout)
     except ProbeError as e:  # a wrong or failed answer; the pair's verdict says which
         pd.last_error = str(e)
-    after = _snapshot(watched)
+    after = _snapshot(watched, key_env)
     pd.sent += _delta(before, after, p.name, 0)
     pd.received += _delta(before, after, d.name, 1)
     got = _delta(before, after, p.name, 1)
@@ -169,13 +170,14 @@ def _measured(p: Any, d: Any, encs: Sequence[Any], pd: PairResult,
             r.received += got * sent / total   # the prefill's received bytes, by share
 
 
-def byte_deltas(workers: Sequence[Any], action: Callable[[], Any]) -> tuple[Any, dict[str, Any]]:
+def byte_deltas(workers: Sequence[Any], action: Callable[[], Any], *,
+                api_key_env: str | None) -> tuple[Any, dict[str, Any]]:
     """Run ``action`` and return its result with each worker's (sent, received) transport
     byte deltas over it (None for a worker whose /metrics could not be read)."""
     lead = [w for w in workers if getattr(w, "is_leader", True)]
-    before = _snapshot(lead)
+    before = _snapshot(lead, api_key_env)
     result = action()
-    after = _snapshot(lead)
+    after = _snapshot(lead, api_key_env)
     return result, {w.name: None if before[w.name] is None or after[w.name] is None else
                     (_delta(before, after, w.name, 0), _delta(before, after, w.name, 1))
                     for w in lead}

@@ -94,11 +94,11 @@ def _post(url: str, body: dict[str, Any], what: str, timeout: float) -> dict[str
     return doc
 
 
-def kv_counters(url: str) -> tuple[float | None, float | None, str | None]:
+def kv_counters(url: str, api_key_env: str | None) -> tuple[float | None, float | None, str | None]:
     """(KV bytes sent, transfers, source) from a prefill's /metrics; Nones when not exported."""
     from epdctl.metrics import fetch, parse
 
-    r = fetch(url.rstrip("/") + "/metrics")
+    r = fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env)
     if not r.ok:
         return None, None, None
     m = parse(r.body.decode(errors="replace"))
@@ -131,9 +131,10 @@ def reference_tokens(prefill: Any, ids: list[int], n: int, timeout: float,
     return ref, margins
 
 
-def check_pair(prefill: Any, decode: Any, *, tokens: int = 8, tie: float = 0.05,
-               prompt: str = PROMPT, timeout: float = 120.0) -> TokenPair:
-    """One pair: the router-style run, its prefill-only reference, and the KV bytes."""
+def check_pair(prefill: Any, decode: Any, *, api_key_env: str | None, tokens: int = 8,
+               tie: float = 0.05, prompt: str = PROMPT, timeout: float = 120.0) -> TokenPair:
+    """One pair: the router-style run, its prefill-only reference, and the KV bytes (read with
+    the key held by ``api_key_env``)."""
     res = TokenPair(prefill.name, decode.name)
     try:
         tok = _post(prefill.url + "/tokenize", {"prompt": prompt, "add_special_tokens": False},
@@ -146,13 +147,13 @@ def check_pair(prefill: Any, decode: Any, *, tokens: int = 8, tie: float = 0.05,
                                                       "ignore_eos": True},
                 "bootstrap_host": host, "bootstrap_port": prefill.bootstrap_port,
                 "bootstrap_room": random.getrandbits(62)}
-        before = kv_counters(prefill.url)
+        before = kv_counters(prefill.url, api_key_env)
         with ThreadPoolExecutor(2) as pool:
             fp = pool.submit(_post, prefill.url + "/generate", body, f"prefill {prefill.name}", timeout)
             fd = pool.submit(_post, decode.url + "/generate", body, f"decode {decode.name}", timeout)
             fp.result()
             out = fd.result()
-        after = kv_counters(prefill.url)
+        after = kv_counters(prefill.url, api_key_env)
         res.tokens = [int(i) for i in out.get("output_ids") or []]
         if before[0] is not None and after[0] is not None:
             res.kv_bytes = after[0] - before[0]
@@ -176,7 +177,7 @@ def role_of(w: Any) -> str:
     return str(getattr(w.role, "value", w.role))
 
 
-def check_pairs(workers: Sequence[Any], **kw: Any) -> list[TokenPair]:
+def check_pairs(workers: Sequence[Any], *, api_key_env: str | None, **kw: Any) -> list[TokenPair]:
     """Every prefill x decode pair among the leaders of ``workers``."""
     lead = [w for w in workers if getattr(w, "is_leader", True)]
     pres = [w for w in lead if role_of(w) == "prefill"]
@@ -184,4 +185,4 @@ def check_pairs(workers: Sequence[Any], **kw: Any) -> list[TokenPair]:
     if not pres or not decs:
         raise ProbeError(f"token canary: no prefill/decode pair ({len(pres)} prefill, "
                          f"{len(decs)} decode)")
-    return [check_pair(p, d, **kw) for p in pres for d in decs]
+    return [check_pair(p, d, api_key_env=api_key_env, **kw) for p in pres for d in decs]

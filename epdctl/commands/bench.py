@@ -82,12 +82,12 @@ def run_once(resolved: Any, w: Workload, label: str, quiet: bool) -> tuple[list,
     from epdctl import metrics
     from epdctl.bench import client, report
 
-    before = metrics.scrape(resolved.endpoints)
+    before = metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env)
     bar = _ProgressLine(label) if not quiet else None
     samples, wall = client.run(resolved.target, w, bar)
     if bar:
         bar.close()
-    d = metrics.delta(before, metrics.scrape(resolved.endpoints))
+    d = metrics.delta(before, metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env))
     rep = report.summarize(samples, wall, workload=w.describe(), target=resolved.target.base_url,
                            offered_rate=w.rate, concurrency=w.concurrency, metrics=d,
                            stage_means=metrics.stage_means(d))

@@ -43,7 +43,7 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
         raise EpdctlError(f"cluster {state.name!r} runs {engine}: `check --canary` drives SGLang's "
                           "bootstrap-room contract (SGLang and the embedded engine); vLLM's NIXL "
                           "PD is checked by `epdctl up`'s canary through the router only")
-    tokens = check_pairs(workers)
+    tokens = check_pairs(workers, api_key_env=state.api_key_env)
     doc: dict[str, Any] = {"cluster": state.name, "engine": engine,
                            "tokens": [t.to_json() for t in tokens]}
     ok = all(t.ok for t in tokens)
@@ -51,7 +51,7 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
     if engine == "embedded":
         from epdctl.canary.pairs import run_pair_canary
 
-        report = run_pair_canary(workers, model=state.model)
+        report = run_pair_canary(workers, model=state.model, api_key_env=state.api_key_env)
         doc["pairs"] = report.to_json()["pairs"]
         ok = ok and report.ok
         text.append(render_pairs(report, state.name))
@@ -77,10 +77,10 @@ def _sglang_encoders(state: Any, encs: list[Any]) -> list[Any]:
         run_canary(state.router.url, model=state.model, api_key_env=state.api_key_env,
                    n_images=max(2, len(encs)), max_tokens=8)
 
-    return check_encoders(encs, send)
+    return check_encoders(encs, send, api_key_env=state.api_key_env)
 
 
-def up_token_check(workers: list[Any], cluster: str) -> str:
+def up_token_check(workers: list[Any], cluster: str, api_key_env: str | None) -> str:
     """`up`'s last step: the first prefill->decode pair's tokens against a prefill-only run.
     One line when it passes; ProbeError naming the pair when it does not."""
     from epdctl.canary.view import human_bytes
@@ -88,7 +88,7 @@ def up_token_check(workers: list[Any], cluster: str) -> str:
 
     lead = [w for w in workers if getattr(w, "is_leader", True)]
     first = [next(w for w in lead if role_of(w) == r) for r in ("prefill", "decode")]
-    [r] = check_pairs(first)
+    [r] = check_pairs(first, api_key_env=api_key_env)
     if not r.ok:
         raise ProbeError(f"token canary {r.label}: {r.reason}; every pair: "
                          f"`epdctl check --canary {cluster}`")
@@ -108,7 +108,8 @@ def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
              f"stop it with `epdctl down {topo.name}`")
     try:
         res, deltas = byte_deltas(plan.workers, lambda: run_canary(
-            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env))
+            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env),
+            api_key_env=api_key_env)
     except ProbeError as e:
         raise ProbeError(f"{e}\n{still}") from e
     click.echo(render_canary(res))
@@ -121,6 +122,6 @@ def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
                              f"per pair: `epdctl check --canary {topo.name}`\n{still}")
     if topo.engine in ("embedded", "sglang") and any(role_of(w) == "decode" for w in plan.workers):
         try:
-            click.echo(up_token_check(list(plan.workers), topo.name))
+            click.echo(up_token_check(list(plan.workers), topo.name, api_key_env))
         except ProbeError as e:
             raise ProbeError(f"{e}\n{still}") from e

@@ -198,7 +198,7 @@ def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: 
         if collector is None:
             prom = (f"http://{plan.router.host}:{plan.router.prometheus_port}"
                     if plan.router else None)
-            collector = Collector(prom, window=window)
+            collector = Collector(prom, window=window, api_key_env=state.api_key_env)
         sample = collector.sample(time.time(), plan.workers)
         prop, st = decide(policy, st, sample)
         q = " ".join(f"{r}={sample.counts[r]}w/{sample.queue[r]:.0f}q"

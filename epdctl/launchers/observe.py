@@ -117,12 +117,12 @@ def _router_view(state: ClusterState) -> tuple[dict[str, RouterWorker], bool | N
 
 def _router_figures(state: ClusterState) -> dict[str, Any] | None:
     url = next((e.url for e in cluster_endpoints(state) if e.role == "router"), None)
-    samples = page(url) if url else None
+    samples = page(url, api_key_env=state.api_key_env) if url else None
     return router_figures(samples) if samples is not None else None
 
 
 def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, RouterWorker],
-                 tail_lines: int) -> WorkerView:
+                 tail_lines: int, key_env: str | None) -> WorkerView:
     alive = isinstance(st, Status) and st.alive
     view = WorkerView(name=rec.name, role=rec.role, node=rec.node, pid=rec.pid, url=rec.url,
                       alive=alive, uptime_s=time.time() - rec.since if alive else None,
@@ -138,7 +138,7 @@ def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, R
         view.health, view.healthy = h.detail, h.ok
         if h.ok and rec.role != "router":
             view.load = get_loads(rec.url)
-            view.metrics = page(rec.url.rstrip("/") + "/metrics")
+            view.metrics = page(rec.url.rstrip("/") + "/metrics", api_key_env=key_env)
             if view.metrics is not None:
                 view.figures = worker_figures(rec.role, view.metrics)
     else:
@@ -178,7 +178,8 @@ def observe(state: ClusterState, launcher: Launcher, tail_lines: int = 10) -> Cl
             view.unreachable[rec.node] = unreachable_reason(rec.node, polled.failed[rec.name])
     with ThreadPoolExecutor(max_workers=8) as pool:
         rows = pool.map(lambda r: _worker_view(
-            r, polled.ok.get(r.name) or polled.failed[r.name], routed, tail_lines),
+            r, polled.ok.get(r.name) or polled.failed[r.name], routed, tail_lines,
+            state.api_key_env),
             state.processes)
         view.workers = list(rows)
     router_row = next((w for w in view.workers if w.role == "router"), None)

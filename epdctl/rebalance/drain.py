@@ -142,13 +142,13 @@ def _sum(values: dict[str, float], suffix: str) -> float:
     return sum(v for k, v in values.items() if k.endswith(suffix))
 
 
-def wait_encoder_idle(url: str, timeout: float, quiet: float = 0.5) -> None:
+def wait_encoder_idle(url: str, timeout: float, quiet: float = 0.5, *, api_key_env: str | None) -> None:
     """Queue empty and the request counter unchanged for ``quiet`` seconds."""
     deadline = time.monotonic() + timeout
     last: float | None = None
     since = time.monotonic()
     while time.monotonic() < deadline:
-        m = metrics.worker(url)
+        m = metrics.worker(url, api_key_env=api_key_env)
         done = _sum(m, "requests_total")
         if _sum(m, "queue_depth") > 0 or done != last:
             last, since = done, time.monotonic()
@@ -158,9 +158,9 @@ def wait_encoder_idle(url: str, timeout: float, quiet: float = 0.5) -> None:
     raise DrainError(f"encoder {url} still busy after {timeout:.0f}s (queue or requests moving)")
 
 
-def transfer_bytes(url: str) -> float:
+def transfer_bytes(url: str, api_key_env: str | None) -> float:
     """Bytes this worker moved over its transport (sent + received), from ``/metrics``."""
-    m = metrics.worker(url)
+    m = metrics.worker(url, api_key_env=api_key_env)
     return sum(v for k, v in m.items() if "transport_bytes" in k)
 
 
@@ -188,7 +188,7 @@ def drain(role: str, url: str, *, engine: str, client: RouterClient | None,
     done: dict[str, Any] = {"router": False, "registries": []}
     if role == "encoder":
         done["registries"] = unregister_encoder(registries, url, api_key_env)
-        wait_encoder_idle(url, timeout)
+        wait_encoder_idle(url, timeout, api_key_env=api_key_env)
         return done
     if client is not None:
         done["router"] = router_remove(client, url, timeout=timeout)

@@ -68,7 +68,7 @@ def pd_pair(prefill: Any, decode: Any, model: str | None, seed: int = 0,
 def verify(spec: Any, role: str, plan: Any, *, router_url: str | None, model: str | None,
            api_key_env: str | None, attempts: int = 8) -> dict[str, Any]:
     """Bytes moved through ``spec`` in its new role; ProbeError when nothing moved."""
-    start = transfer_bytes(spec.url)
+    start = transfer_bytes(spec.url, api_key_env)
     leaders = [w for w in plan.workers if w.is_leader and w.name != spec.name]
     detail: dict[str, Any] = {}
     for attempt in range(attempts):
@@ -90,7 +90,7 @@ def verify(spec: Any, role: str, plan: Any, *, router_url: str | None, model: st
             c = run_canary(router_url, model=model, api_key_env=api_key_env, n_images=4,
                            seed=1000 + attempt)
             detail = {"answer": c.answer, "correct": c.correct}
-        moved = transfer_bytes(spec.url) - start
+        moved = transfer_bytes(spec.url, api_key_env) - start
         if moved > 0:
             return {**detail, "bytes": moved, "requests": attempt + 1}
     raise ProbeError(f"link check: {spec.name} ({role}) moved no bytes over its transport "

@@ -22,8 +22,8 @@ from epdctl.rebalance.auto import ROLES, Sample
 from epdctl.rebalance.own_work import busy_seconds, own_queue
 
 
-def _page(url: str) -> dict[str, float]:
-    r = metrics.fetch(url.rstrip("/") + "/metrics", timeout=5.0)
+def _page(url: str, api_key_env: str | None) -> dict[str, float]:
+    r = metrics.fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env, timeout=5.0)
     return metrics.parse(r.body.decode(errors="replace")) if r.ok else {}
 
 
@@ -33,10 +33,12 @@ def _loads(url: str) -> float:
 
 
 class Collector:
-    """Reads the live metrics a Sample needs (worker ``/metrics`` and ``/v1/loads``, router TTFT)."""
+    """Reads the live metrics a Sample needs (worker ``/metrics`` and ``/v1/loads``, router TTFT);
+    ``api_key_env`` names the variable holding the cluster's key (None: an open cluster)."""
 
-    def __init__(self, prometheus_url: str | None, window: float = 0.0):
+    def __init__(self, prometheus_url: str | None, window: float = 0.0, *, api_key_env: str | None):
         self.prometheus_url = prometheus_url
+        self.api_key_env = api_key_env
         self.window = window  # seconds a utilisation is averaged over (0: since the last look)
         self._ttft: tuple[float, float] | None = None
         # (url, role) -> [(t, busy seconds counted from the first look, resets corrected)],
@@ -53,7 +55,7 @@ class Collector:
             if w.role not in counts or not getattr(w, "is_leader", True):
                 continue
             counts[w.role] += 1
-            page = _page(w.url)
+            page = _page(w.url, self.api_key_env)
             outside = (sum(v for k, v in page.items() if k.split("{", 1)[0].endswith("queue_depth")
                            and "_own_" not in k) if w.role == "encoder" else _loads(w.url))
             loads[w.role] += outside
@@ -93,7 +95,8 @@ class Collector:
     def _ttft_mean(self) -> float | None:
         if not self.prometheus_url:
             return None
-        r = metrics.fetch(self.prometheus_url.rstrip("/") + "/metrics", timeout=3.0)
+        r = metrics.fetch(self.prometheus_url.rstrip("/") + "/metrics", api_key_env=self.api_key_env,
+                          timeout=3.0)
         if not r.ok:
             return None
         m = metrics.summed(r.body.decode(errors="replace"))

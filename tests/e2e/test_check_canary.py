@@ -117,7 +117,7 @@ def test_native_generate_contract_and_bad_input(live: Live) -> None:
     pre, dec = procs["prefill-0"]["url"], procs["decode-0"]["url"]
     status, tok = _post(pre + "/tokenize", {"prompt": "Picture 1:", "add_special_tokens": False})
     assert status == 200 and tok["count"] == len(tok["tokens"]) > 0, tok
-    before = kv_counters(pre)[0]
+    before = kv_counters(pre, None)[0]
     status, doc = _post(pre + "/generate", {
         "input_ids": tok["tokens"], "bootstrap_host": "2.2.2.2", "bootstrap_room": 5,
         "return_logprob": True, "top_logprobs_num": 3,
@@ -126,7 +126,7 @@ def test_native_generate_contract_and_bad_input(live: Live) -> None:
     assert len(doc["output_ids"]) == 1 and doc["meta_info"]["prompt_tokens"] == tok["count"]
     top = doc["meta_info"]["output_top_logprobs"][0]
     assert len(top) == 3 and top[0][1] == doc["output_ids"][0] and top[0][0] >= top[1][0]
-    assert kv_counters(pre)[0] == before  # prefill only: no KV went anywhere
+    assert kv_counters(pre, None)[0] == before  # prefill only: no KV went anywhere
     for url, body, words in [
         (pre, {"text": "x", "input_ids": [1], "bootstrap_room": 1}, "exactly one of"),
         (pre, {"text": "x", "image_data": ["x"], "bootstrap_room": 1}, "/v1/chat/completions"),
@@ -154,7 +154,7 @@ def test_token_canary_names_a_pair_whose_kv_cannot_arrive(live: Live) -> None:
     wrong = SimpleNamespace(name="prefill-0", url=p["url"], host=p["host"], bootstrap_port=9,
                             role="prefill")
     dec = SimpleNamespace(name="decode-0", url=procs["decode-0"]["url"], role="decode")
-    r = check_pair(wrong, dec, tokens=4, timeout=60)
+    r = check_pair(wrong, dec, api_key_env=None, tokens=4, timeout=60)
     assert not r.ok and r.reason.startswith("decode decode-0: HTTP"), r.reason
 
 
