@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -145,6 +146,29 @@ def test_stop_never_signals_an_unrecorded_process(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_handle_recorded_under_a_btime_one_second_later_still_names_its_group(
+        tmp_path: Path) -> None:
+    """psutil's create_time is btime + ticks and btime flips by a second when the clock is
+    slewed: a handle recorded a second "later" than the process reads now is still ours (poll
+    says alive, stop stops it); one recorded seconds later (a reused pid) is not."""
+    lau = LocalLauncher()
+    lau.settle = 0.0
+    rec = _start(lau, _rec("slewed", "import time; time.sleep(300)", tmp_path / "s.log"))
+    assert rec.handle is not None
+    true_handle = rec.handle
+    try:
+        rec.handle = replace(true_handle, create_time=true_handle.create_time + 3.0)
+        assert not _alive(lau, rec)
+        rec.handle = replace(true_handle, create_time=true_handle.create_time + 1.0)
+        assert _alive(lau, rec)
+        assert lau.stop([rec], grace=2.0).all_ok
+        assert not psutil.pid_exists(true_handle.pid) or \
+            psutil.Process(true_handle.pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        rec.handle = true_handle
+        lau.stop([rec], grace=0.5)
 
 
 def test_env_is_expanded_at_launch_and_the_shell_is_not_inherited(

@@ -31,6 +31,9 @@ from epdctl.state import Handle, ProcessRecord
 
 logger = logging.getLogger(__name__)
 _PYTHONS = {"python", "python3", sys.executable}
+# psutil's create_time is btime + ticks since boot, and btime (whole seconds) flips by one when
+# the clock is slewed: the same process may read a second earlier later on. The token is the proof.
+BTIME_SLACK_S = 1.05
 
 
 def resolve_argv(argv: tuple[str, ...]) -> list[str]:
@@ -248,7 +251,7 @@ class LocalLauncher:
         stale record names a process without it). No token recorded: nothing is provably ours."""
         if not h.token or not isinstance(h.pgid, int) or h.pgid <= 0:
             return []
-        mine = [p for p, ct in groups.get(h.pgid, []) if ct + 0.05 >= h.create_time]
+        mine = [p for p, ct in groups.get(h.pgid, []) if ct + BTIME_SLACK_S >= h.create_time]
         return mine if any(self._token(p, ct) == h.token
                            for p, ct in groups.get(h.pgid, []) if p in mine) else []
 

@@ -39,11 +39,17 @@ def _create_time(ticks):
 
 
 def _ticks(rec):
-    """The leader's start time in clock ticks since boot (records from the local state only
-    carry ``create_time``, which was computed from the ticks, so this inverts it exactly)."""
+    """The leader's start time in clock ticks since boot, and how far off it may be.
+
+    Records written on the node carry ``start_ticks`` (exact). Records from the local state
+    only carry ``create_time`` = btime + ticks / CLK_TCK, and btime (``/proc/stat``) is whole
+    seconds of wall clock minus uptime: it flips by one second when the clock is slewed (NTP),
+    so the inverted ticks may be one second (CLK_TCK ticks) off. The token is the proof; the
+    start time only rules out a reused pid, which a second of slack does not weaken."""
     if rec.get("start_ticks"):
-        return int(rec["start_ticks"])
-    return int(round((float(rec["create_time"]) - _boot_time()) * os.sysconf("SC_CLK_TCK")))
+        return int(rec["start_ticks"]), 0
+    hz = os.sysconf("SC_CLK_TCK")
+    return int(round((float(rec["create_time"]) - _boot_time()) * hz)), hz + 1
 
 
 def _marker(pid):
@@ -64,7 +70,8 @@ def _marker(pid):
 def _same(rec):
     """True while the recorded leader runs and is the process we started (pid reuse guard)."""
     st = _stat(rec["pid"])
-    return st is not None and st[0] != "Z" and st[2] == _ticks(rec) and bool(_members(rec))
+    ticks, slack = _ticks(rec)
+    return st is not None and st[0] != "Z" and abs(st[2] - ticks) <= slack and bool(_members(rec))
 
 
 def _members(rec):
@@ -74,17 +81,17 @@ def _members(rec):
     the group id) was reused: nothing is ours. Linux never hands out a pid that is still some
     group's id, so while the leader is gone, members left in the group are its own children.
     """
-    found, ticks = [], _ticks(rec)
+    found, (ticks, slack) = [], _ticks(rec)
     if not rec.get("token") or not isinstance(rec.get("pgid"), int) or rec["pgid"] <= 0:
         return []  # no identity recorded: nothing is provably ours
     lead = _stat(rec["pid"])
-    if lead is not None and lead[0] != "Z" and lead[2] != ticks:
+    if lead is not None and lead[0] != "Z" and abs(lead[2] - ticks) > slack:
         return []
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         st = _stat(int(name))
-        if st and st[0] != "Z" and st[1] == rec["pgid"] and st[2] >= ticks:
+        if st and st[0] != "Z" and st[1] == rec["pgid"] and st[2] >= ticks - slack:
             found.append(int(name))
     # a forged or stale record: the group must carry the token the record names
     if not any(_marker(p).get("EPDCTL_TOKEN") == rec["token"] for p in found):
