@@ -1,99 +1,25 @@
 """Encoder + prefill + decode (and a colocated worker) as real processes, driven the way smg drives
 them: the same body with bootstrap_host/port/room posted to prefill and decode at once, decode's
 answer returned to the client. The answer must carry exactly the tokens of one-process greedy
-``generate()``. Workers start once for the module; tests run in file order (encoder churn last).
+``generate()``. Workers start once for the module (servers_cluster.py); tests run in file order
+(encoder churn last).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import time
-from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from conftest import image_messages, reference_generate
+from servers_cluster import (C, D, E0, E1, FAKE_E, MAX_TOKENS, MODEL, P, PB, PEB, T0,  # noqa: F401
+                             _listed, _not, _post_one, cluster, data_url, expected, get_json, get_text,
+                             listing, model_dir, pd, ref_bundle, run, stream_tokens, wait_for)
 from tiny_model import make_image
-from worker_procs import Worker, chat_body, metric, pd_call, pick_model, post, sse_events, start_all, with_room
-
-E0, E1, P, PB, PEB, D, C, FAKE_E = 33600, 33601, 33610, 33611, 33612, 33620, 33630, 33640
-MODEL = "tiny-vlm"
-MAX_TOKENS = 10
-T0 = time.time()  # before any worker starts: no worker can have been busy longer
-
-
-@pytest.fixture(scope="module")
-def model_dir(tiny_ckpt, tmp_path_factory) -> Path:
-    return pick_model(tmp_path_factory.mktemp("model"), tiny_ckpt)
-
-
-@pytest.fixture(scope="module")
-def ref_bundle(model_dir):
-    from epdctl.runtime.model import load_bundle
-
-    return load_bundle(str(model_dir), role="colocated")
-
-
-@pytest.fixture(scope="module")
-def cluster(model_dir, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("logs")
-    m = ["--model-path", str(model_dir)]
-    workers = {
-        "e0": Worker("encoder", [*m, "--port", str(E0)], logs, "encoder0"),
-        "p": Worker("prefill", [*m, "--served-model-name", MODEL, "--port", str(P), "--bootstrap-port", str(PB),
-                                "--encoder-bootstrap-port", str(PEB), "--encoder-urls", f"http://127.0.0.1:{E0}",
-                                "--encoder-probe-interval", "0.5", "--kv-timeout", "60"], logs),
-        "d": Worker("decode", [*m, "--served-model-name", MODEL, "--port", str(D), "--kv-timeout", "60"], logs),
-        "c": Worker("colocated", [*m, "--served-model-name", MODEL, "--port", str(C)], logs),
-    }
-    start_all(list(workers.values()))
-    yield workers
-    for w in workers.values():
-        w.stop()
-
-
-def data_url(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def get_json(url: str) -> tuple[int, dict]:
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        return r.status, await r.json(content_type=None)
-
-
-async def get_text(url: str) -> str:
-    async with aiohttp.ClientSession() as s, s.get(url) as r:
-        assert r.status == 200
-        return await r.text()
-
-
-def expected(ref_bundle, pngs: list[bytes], text: str = "describe the image", max_tokens: int = MAX_TOKENS):
-    _, tokens, _ = reference_generate(ref_bundle, pngs, image_messages(len(pngs), text), max_tokens)
-    return tokens
-
-
-def pd(body: dict) -> dict | list:
-    """One request through prefill+decode; returns decode's JSON body or SSE events."""
-    (ps, pbody), (ds, dbody) = run(pd_call(f"http://127.0.0.1:{P}", f"http://127.0.0.1:{D}", with_room(body, PB)))
-    assert ps == 200, pbody
-    assert ds == 200, dbody
-    return sse_events(dbody) if body.get("stream") else json.loads(dbody)
-
-
-def stream_tokens(events: list) -> tuple[list[int], str, dict]:
-    assert events[-1] == "[DONE]"
-    chunks = events[:-1]
-    ids = [t for c in chunks for t in c["choices"][0].get("token_ids", [])]
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-    return ids, text, chunks[-1]
+from worker_procs import Worker, chat_body, metric, pd_call, post, sse_events, with_room
 
 
 def test_registration_endpoints(cluster):
@@ -223,25 +149,6 @@ def test_seeded_sampling_is_the_same_split_or_colocated(cluster):
     assert split[0] == split[1] == json.loads(text)["choices"][0]["token_ids"]
 
 
-async def _post_one(url: str, body: dict) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as s:
-        return await post(s, url, body)
-
-
-async def wait_for(predicate, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
-def listing(port: int) -> dict:
-    return run(get_json(f"http://127.0.0.1:{port}/list_encoder_urls"))[1]
-
-
 def test_registry_api_on_both_ports(cluster):
     """Register/unregister on the HTTP port and the encoder-bootstrap port; an encoder that does not
     answer /health is refused (400), so a bogus registration never receives requests."""
@@ -314,14 +221,6 @@ def test_eviction_and_readmission(cluster):
             await runner.cleanup()
 
     run(scenario())
-
-
-async def _not(state, url):
-    return url not in (await state())[1]
-
-
-async def _listed(state, url):
-    return url in (await state())[1]
 
 
 def test_encoder_joins_at_runtime_and_survives_a_killed_one(cluster, ref_bundle, model_dir, tmp_path_factory):
