@@ -192,6 +192,23 @@ def test_full_cycle_with_real_router(state_dir: Path) -> None:
     assert kept.exit_code == 0 and "dummy decode ready" in kept.output
 
 
+def test_up_is_done_only_when_the_router_routes_to_every_worker(state_dir: Path) -> None:
+    """smg's /readiness wants one healthy prefill and decode; a second decode that smg does not
+    see healthy yet (its probes get 503 for 10 s, epdctl's get 200) must hold `up` until smg
+    lists it healthy, so a client right after `up` reaches every worker."""
+    plan = _plan(34500)
+    plan.workers.append(_worker("decode-1", "decode", 34505, "--router-unhealthy-for", "10"))
+    cdir, st = _new("late")
+    lau = LocalLauncher()
+    try:
+        BringUp(lau, cdir, st, timeout=60).run(plan)
+        client = RouterClient(plan.router.url, KEY_ENV)
+        healthy = sorted(w.url for w in client.workers() if w.healthy)
+        assert healthy == [f"http://127.0.0.1:{p}" for p in (34502, 34504, 34505)], healthy
+    finally:
+        tear_down(cdir.load() or st, lau)
+
+
 def test_worker_dying_during_up_stops_everything(state_dir: Path) -> None:
     plan = _plan(34200, bad="port 34204 already in use")
     cdir, st = _new("broken")

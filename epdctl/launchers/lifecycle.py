@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from epdctl.errors import LaunchError
+from epdctl.errors import LaunchError, ProbeError
 from epdctl.launchers.base import Launcher, Results, tail
 from epdctl.probes import probe_health
 from epdctl.render.plan import Plan
@@ -55,6 +55,19 @@ def records_of(plan: Plan, engine: str, cdir: ClusterDir) -> list[ProcessRecord]
     for rec in recs:
         rec.restart = dict(getattr(plan, "restart", {}).get(rec.role, {}))
     return recs
+
+
+def _all_healthy_on(client: RouterClient, urls: set[str]) -> bool:
+    """Every one of ``urls`` listed healthy by the router. smg takes a ``POST /workers`` as a
+    job (202) and its ``/readiness`` wants only one healthy prefill and decode, so a router
+    that reads ready may not route to the last registered worker yet."""
+    if not urls:
+        return True
+    try:
+        listed = {w.url for w in client.workers() if w.healthy}
+    except ProbeError:
+        return False
+    return urls <= listed
 
 
 def _healthy(rec: ProcessRecord) -> bool:
@@ -142,6 +155,7 @@ class BringUp:
         t0 = time.monotonic()
         pending = {r.name: r for r in recs}
         to_register = [r for r in recs if register and r.is_leader and r.role in ROUTER_TYPES]
+        routed = {r.url.rstrip("/") for r in to_register}
         router_alive = False
         shown: dict[str, int] = {}
         totals = {role: sum(r.role == role for r in recs) for role in (*ROLE_ORDER, "router")}
@@ -159,7 +173,8 @@ class BringUp:
                     router_alive = router_alive or client.alive()
                     if router_alive:
                         to_register = self._register(client, to_register, pending)
-                        if not to_register and client.readiness()[0]:
+                        if (not to_register and client.readiness()[0]
+                                and _all_healthy_on(client, routed)):
                             del pending[router.name]
                             self.ready_at[router.name] = time.monotonic()
                 elapsed = time.monotonic() - t0
@@ -229,14 +244,21 @@ def tear_down(state: ClusterState | None, launcher: Launcher, grace: float = 15.
     """Stop every recorded process (all at once: smg alone takes 5-8 s to exit), then every
     process still carrying the cluster's marker (a state emptied, edited, damaged or deleted
     leaves some unrecorded); then give back what `up` acquired (a SLURM allocation) when
-    everything stopped. Returns the results and the unrecorded processes that were found."""
+    everything stopped. Returns the results and the unrecorded processes that were found.
+
+    A recorded process whose stop failed (its node did not answer) is no stray: it is left to
+    its own node and its record to a later `down`, also where nodes share a machine and
+    another node's search sees it."""
     recs = list(state.processes) if state is not None else []
     res = launcher.stop(recs, grace=grace) if recs else Results[None]()
+    unfinished = {r.handle.token for r in recs if r.name in res.failed and r.handle is not None
+                  and r.handle.token}
     try:
         strays = launcher.orphans()
         sweep_error: LaunchError | None = None
     except LaunchError as e:
         strays, sweep_error = list(getattr(e, "found", [])), e
+    strays = [s for s in strays if s.handle is None or s.handle.token not in unfinished]
     if strays:
         more = launcher.stop(strays, grace=grace)
         res.failed.update({f"{r.node}/{r.name} (unrecorded)": more.failed[r.name]

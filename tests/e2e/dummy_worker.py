@@ -3,7 +3,8 @@
 Serves what smg and epdctl probe (`/health`, `/server_info`, `/v1/models`, `/v1/loads`) and
 answers `POST /v1/chat/completions` with a fixed completion plus a `timings` object, the way
 the embedded decode worker does. Usage: python dummy_worker.py PORT ROLE [--bootstrap-port B]
-[--fail-health-file F] [--exit-at-start MSG]
+[--fail-health-file F] [--exit-at-start MSG] [--router-unhealthy-for S] (the first S seconds,
+a /health probe that is not epdctl's, i.e. smg's, gets 503: a worker the router has not taken yet)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -26,7 +28,9 @@ def main() -> None:
     ap.add_argument("--bootstrap-port", type=int)
     ap.add_argument("--fail-health-file")
     ap.add_argument("--exit-at-start")
+    ap.add_argument("--router-unhealthy-for", type=float, default=0.0)
     args = ap.parse_args()
+    t0 = time.monotonic()
     print(f"dummy {args.role} starting on {args.port}", flush=True)
     if args.exit_at_start:
         sys.exit(f"error: {args.exit_at_start}")
@@ -53,6 +57,8 @@ def main() -> None:
         def do_GET(self) -> None:
             if self.path == "/health":
                 bad = args.fail_health_file and Path(args.fail_health_file).exists()
+                ours = "Python-urllib" in (self.headers.get("User-Agent") or "")  # epdctl's probe
+                bad = bad or (not ours and time.monotonic() - t0 < args.router_unhealthy_for)
                 return self._send(503 if bad else 200, {})
             if self.path == "/server_info":
                 return self._send(200, {"model_path": "dummy", "served_model_name": "dummy",
