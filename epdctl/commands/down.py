@@ -17,8 +17,10 @@ import click
 from epdctl.commands.args import cluster_arg, complete_cluster
 from epdctl.errors import LaunchError, StateError
 from epdctl.launchers import get_launcher
+from epdctl.launchers.base import Results, Status
 from epdctl.launchers.lifecycle import tear_down
-from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
+from epdctl.state import (ClusterDir, ClusterState, ProcessRecord, list_clusters, resolve_cluster,
+                          state_root)
 
 
 def guess_launcher(cdir: ClusterDir) -> str:
@@ -28,6 +30,42 @@ def guess_launcher(cdir: ClusterDir) -> str:
     if (cdir.root / "slurm-job.json").exists():
         return "slurm"
     return "local"
+
+
+def _not_stopped(state: ClusterState | None, res: Results[None], polled: Results[Status]
+                 ) -> list[ProcessRecord]:
+    """The records `down` could not stop, or cannot confirm stopped (their node did not answer)."""
+    if state is None:
+        return []
+    return [r for r in state.processes if r.name in res.failed or r.name in polled.failed
+            or (r.name in polled.ok and polled.ok[r.name].alive)]
+
+
+def _unfinished(cluster: str, n_all: int, left: list[ProcessRecord], res: Results[None],
+                polled: Results[Status]) -> str:
+    """What stopped, what did not and why (one line per node), and how to finish."""
+    why: dict[str, str] = {}
+    for r in left:
+        err = res.failed.get(r.name) or polled.failed.get(r.name)
+        text = (str(err) or type(err).__name__).splitlines()[0] if err else "still running"
+        why.setdefault(r.node, text.removeprefix(f"[{r.node}] ").removeprefix(f"[{r.node}/{r.name}] "))
+    lines = [f"cluster {cluster}: stopped {n_all - len(left)} of {n_all} recorded processes"
+             + (f"; not stopped on {len(why)} node(s):" if why else "; but:")]
+    for node, text in why.items():
+        names = ", ".join(r.name for r in left if r.node == node)
+        lines.append(f"  [{node}] {names}: {text}")
+    recorded = {r.name for r in left}
+    for key, err in res.failed.items():
+        if key in recorded:
+            continue
+        first = (str(err) or type(err).__name__).splitlines()
+        what = "the search for unrecorded processes" if key == "(search)" else key
+        lines.append(f"  {what}: {' '.join(ln.strip() for ln in first[:3])}")
+    unreachable = any(r.name in polled.failed for r in left)
+    lines.append("their records stay in the state: " + (
+        f"once the node(s) answer again (check with `epdctl status {cluster}`), " if unreachable
+        else "") + f"run `epdctl down {cluster}` to finish")
+    return "\n".join(lines)
 
 
 def _pick(name: str | None) -> ClusterDir | None:
@@ -69,18 +107,19 @@ def down(cluster: str | None, grace: float, force: bool) -> None:
         click.echo(f"stopping cluster {cdir.name} ({n} recorded processes) ...")
         try:
             res, strays = tear_down(state, launcher, grace=grace)
-            polled = launcher.poll(state.processes) if state else None
-            left = ([k for k, st in polled.ok.items() if st.alive] + list(polled.failed)
-                    if polled else [])
+            polled = launcher.poll(state.processes) if state else Results[Status]()
         finally:
             launcher.close()
         for r in strays:
             click.echo(f"  [{r.node}/{r.name}] pid {r.pid}: not in the state but carries the "
                        "cluster's marker; stopped")
+        left = _not_stopped(state, res, polled)
         if left or not res.all_ok:
+            if state is not None:  # what did stop is forgotten; what did not stays for a later down
+                n_all, state.processes = len(state.processes), left
+                cdir.save(state)
+                raise LaunchError(_unfinished(cdir.name, n_all, left, res, polled))
             res.raise_if_failed(f"stopping cluster {cdir.name}")
-            raise LaunchError(f"still running after down: {', '.join(left)}; run "
-                              f"`epdctl down {cdir.name}` again")
         cdir.clear()
     if state is None and not strays:
         click.echo(f"cluster {cdir.name!r}: nothing recorded; nothing to stop (no process "

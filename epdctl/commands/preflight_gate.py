@@ -52,6 +52,11 @@ def preflight_before_up(topo: Any, plan: Any, launcher: Launcher, *, force: bool
         return
     msg = (f"preflight: {len(failed)} of {len(report.items)} node checks failed:\n"
            + "\n".join(_line(i) for i in failed))
+    lost = sorted({i.node for i in failed if i.check == "reach node"})
+    if force and lost:  # --force runs past failed checks, never onto a node it cannot reach
+        raise LaunchError(msg + f"\nnothing was started: --force cannot launch on {len(lost)} "
+                          f"unreachable node(s) ({', '.join(lost)}); make them reachable (`epdctl "
+                          "check TOPOLOGY`) or take them out of the topology")
     if force:
         click.secho(msg + "\n--force: launching anyway", fg="yellow", err=True)
         return
