@@ -3,7 +3,9 @@
 Measured, not asserted. Each stream is a real prefill (tiny model, 1-8 images, different prompt
 lengths) handed to the engine; every stream runs ``--tokens`` tokens (ignore_eos). Reported:
 aggregate tokens/s, time per step (= TPOT of every running stream) and the speed-up over one
-stream. A second row per batch lets streams join one at a time while the batch runs (continuous
+stream, by wall time and by the decoding thread's CPU time (``time.thread_time``: with one torch
+thread every op runs on it, and a shared host's preemptions, which swing wall-clock figures by
+2x here, do not count). A second row per batch lets streams join one at a time while the batch runs (continuous
 batching); a third samples (temperature 0.8, top-p 0.95, each stream its own seed) instead of
 taking the argmax, which is what most chat clients ask for. Uses models/tiny-qwen2vl when it
 holds a checkpoint, else a tiny random one. Writes benchmarks/results/decode_batch.json.
@@ -68,16 +70,16 @@ def run(bundle, results: list, mode: str, tokens_each: int) -> dict:
             engine.add(f"s{i}", r, params)
         pending = []
     tokens, steps = 0, 0
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     while engine.num_running or pending:
         if pending:
             i, r, params = pending.pop(0)
             engine.add(f"s{i}", r, params)
         tokens += len(engine.step())
         steps += 1
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     return {"tokens": tokens, "steps": steps, "wall_s": wall, "tokens_per_s": tokens / wall,
-            "ms_per_step": wall / steps * 1e3}
+            "ms_per_step": wall / steps * 1e3, "cpu_s": cpu, "tokens_per_cpu_s": tokens / cpu}
 
 
 def main() -> None:
@@ -99,18 +101,25 @@ def main() -> None:
         for mode in MODES:
             for n in args.streams:
                 r = run(bundle, results[:n], mode, args.tokens)
-                if (mode, n) not in best or r["tokens_per_s"] > best[mode, n]["tokens_per_s"]:
-                    best[mode, n] = r
+                if (mode, n) in best:  # best wall run; least CPU time of any run
+                    r["tokens_per_cpu_s"] = max(r["tokens_per_cpu_s"], best[mode, n]["tokens_per_cpu_s"])
+                    if r["tokens_per_s"] < best[mode, n]["tokens_per_s"]:
+                        best[mode, n]["tokens_per_cpu_s"] = r["tokens_per_cpu_s"]
+                        continue
+                best[mode, n] = r
     rows: list[dict] = []
-    print(f"{'streams':>7} {'mode':>16} {'tokens/s':>10} {'ms/step':>9} {'x one stream':>13}")
+    print(f"{'streams':>7} {'mode':>16} {'tokens/s':>10} {'ms/step':>9} {'x one stream':>13} "
+          f"{'tokens/CPU-s':>13} {'x (CPU time)':>13}")
     for mode in MODES:
         for n in args.streams:
             row = best[mode, n]
+            one = best[mode, min(args.streams)]
             row.update(streams=n, mode=mode, staggered=MODES[mode],
-                       speedup=row["tokens_per_s"] / best[mode, min(args.streams)]["tokens_per_s"])
+                       speedup=row["tokens_per_s"] / one["tokens_per_s"],
+                       speedup_cpu=row["tokens_per_cpu_s"] / one["tokens_per_cpu_s"])
             rows.append(row)
             print(f"{n:7d} {mode:>16} {row['tokens_per_s']:10.0f} {row['ms_per_step']:9.2f} "
-                  f"{row['speedup']:12.1f}x")
+                  f"{row['speedup']:12.1f}x {row['tokens_per_cpu_s']:13.0f} {row['speedup_cpu']:12.1f}x")
     print(f"threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.2f}; best of {args.reps} repetitions (the "
           "host is shared); tokens/s counts every stream's tokens; x one stream: against 1 stream of the same mode.")
     out = Path(args.out)
