@@ -82,11 +82,12 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams], indices
 
 def _uniforms(params: list[SamplingParams], indices: list[int]) -> torch.Tensor:
     """[m, 1] uniforms: seeded rows from (seed, index), the others from torch's global RNG."""
-    u = torch.rand(len(params), 1, dtype=torch.float64)
-    for i, (p, index) in enumerate(zip(params, indices)):
-        if p.seed is not None:
-            u[i, 0] = seeded_uniform(p.seed, index)
-    return u.float()
+    u = torch.tensor([-1.0 if p.seed is None else seeded_uniform(p.seed, i) for p, i in zip(params, indices)],
+                     dtype=torch.float64)
+    unseeded = u < 0
+    if bool(unseeded.any()):
+        u[unseeded] = torch.rand(int(unseeded.sum()), dtype=torch.float64)
+    return u.float().unsqueeze(1)
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, index: int) -> int:
