@@ -5,7 +5,8 @@ by one column per step in place, so a step costs one forward over a view of the 
 never a rebuild of a padded batch. Rows of different lengths share the step under a mask that
 hides each row's unused columns, and each row gets its own M-RoPE position (its length + its
 rope_delta), so a sequence's tokens do not depend on who it is batched with. A new sequence
-joins the running batch at the next step. Greedy rows are sampled with one batched argmax.
+joins the running batch at the next step. Every row is sampled in one batched call (greedy
+or temperature/top-p, seeded or not) with one device-to-host copy per step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .errors import RuntimeWorkerError
 from .kv_slots import KVSlots, SlotCache
 from .model import ModelBundle
 from .prefill_engine import PrefillResult
-from .sampling import SamplingParams, sample, token_generator
+from .sampling import SamplingParams, sample_batch
 from .slot_attention import additive_mask, use_for
 
 log = logging.getLogger(__name__)
@@ -148,13 +149,7 @@ class DecodeEngine:
         logits = self.lm_head(out.last_hidden_state[:, -1]).float()
         for i in range(n):
             self.slots.lengths[i] += 1
-        greedy = torch.argmax(logits, dim=-1).tolist()
-        tokens = []
-        for i, s in enumerate(seqs):
-            if self.keep_logits:
+        if self.keep_logits:
+            for i, s in enumerate(seqs):
                 s.logits.append(logits[i].clone())
-            if s.params.temperature <= 0:
-                tokens.append(greedy[i])
-            else:
-                tokens.append(sample(logits[i], s.params, token_generator(s.params, s.generated)))
-        return tokens
+        return sample_batch(logits, [s.params for s in seqs], [s.generated for s in seqs])

@@ -16,7 +16,7 @@ from .encoder_engine import EncodedImage
 from .errors import BadRequestError, RuntimeWorkerError
 from .model import ModelBundle
 from .prompt import Prompt
-from .sampling import SamplingParams, sample, token_generator
+from .sampling import SamplingParams, sample
 
 
 @dataclass
@@ -70,6 +70,6 @@ class LanguagePrefill:
         cache = DynamicCache(config=self.text_config)
         out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True)
         logits = self.lm_head(out.last_hidden_state[:, -1]).float()[0]
-        first = sample(logits, sampling, token_generator(sampling, 0))
+        first = sample(logits, sampling, 0)
         return PrefillResult(first_token=first, first_logits=logits, kv=cache_layers(cache), rope_delta=delta,
                              prompt_len=ids.shape[1])

@@ -1,0 +1,51 @@
+"""benchmarks/profile_decode_step.py: its timers must see every part of a real decode step.
+
+A transformers upgrade that stopped routing the decode's GEMMs through ``F.linear`` or its
+attention through the registered slot attention would silently make the profile's split
+meaningless; this checks the split on the tiny model and the line fit on exact data.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import profile_decode_step as prof  # noqa: E402
+
+from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
+from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402
+from epdctl.runtime.prompt import build_prompt  # noqa: E402
+from epdctl.runtime.sampling import SamplingParams  # noqa: E402
+from tiny_model import image_messages  # noqa: E402
+
+
+def test_fit_recovers_a_line():
+    a, b = prof.fit([1, 2, 4, 8, 16], [0.5 + 0.03 * n for n in (1, 2, 4, 8, 16)])
+    assert a == pytest.approx(0.5) and b == pytest.approx(0.03)
+
+
+def test_split_sees_every_part_of_a_step(bundle, images):
+    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
+    params = SamplingParams(max_tokens=8)
+    results = []
+    for i in range(4):
+        encoded = enc.encode(images[i:i + 1 + i % 2])
+        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
+        results.append(pre.prefill(prompt, encoded, params))
+    for n in (1, 4):
+        parts = prof.split_pass(bundle, results, n, steps=4)
+        assert set(parts) == set(prof.PARTS)
+        for key in ("gemm", "attention", "kv_write", "rest_of_forward", "engine"):
+            assert parts[key] > 0, (n, parts)
+    # the timers were removed again: a plain engine runs the unwrapped functions
+    engine = prof.engine_with(bundle, results, 1, 4)
+    assert "forward" not in vars(engine.lm) and "forward" not in vars(engine.lm_head)
+    assert torch.nn.functional.linear is torch._C._nn.linear
+    assert prof.slot_attention.AttentionInterface._global_mapping[prof.slot_attention.NAME] is \
+        prof.slot_attention.slot_attention
