@@ -68,8 +68,10 @@ def tiny_hidden() -> int:
     return 64
 
 
-def payloads(quick: bool) -> list[tuple[str, dict[str, torch.Tensor], int]]:
-    """(label, tensors, repetitions)."""
+def payloads(quick: bool, kv_only: list[float] | None = None) -> list[tuple[str, dict[str, torch.Tensor], int]]:
+    """(label, tensors, repetitions); ``kv_only``: just KV payloads of these MiB."""
+    if kv_only:
+        return [(f"KV {m:g} MiB", kv_payload(m), max(3, int(128 // m))) for m in kv_only]
     items = [
         ("embeds: tiny model, 8 images x 16 tok", embed_payload(8, 16, tiny_hidden(), torch.float32), 30),
         ("embeds: Qwen2-VL-2B, 8 images x 256 tok bf16", embed_payload(8, 256, 1536, torch.bfloat16), 10),
@@ -165,6 +167,7 @@ async def receiver(expected: dict[str, int]) -> None:
             await ts[channel].recv(f"{channel}-{i}", 600)
 
     await asyncio.gather(*(drain(c) for c in CHANNELS))
+    print("receiver shm pool:", getattr(ts["zmq-shm"], "_pool").stats, file=sys.stderr)
     for t in ts.values():
         await t.close()
     stop.set()
@@ -236,6 +239,7 @@ def print_ratios(rows: list[dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the 256 MiB payload")
+    ap.add_argument("--kv", help="only KV payloads of these MiB, e.g. 16,64 (quick iterations)")
     ap.add_argument("--receiver", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "transfer.json"))
     args = ap.parse_args()
@@ -246,7 +250,7 @@ def main() -> None:
     print("checksums over 16 MiB: " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in sums.items()))
     loop = iperf3()
     print(f"iperf3 loopback TCP: {loop:.2f} GB/s" if loop else "iperf3: not installed (apt-get install iperf3)")
-    items = payloads(args.quick)
+    items = payloads(args.quick, [float(m) for m in args.kv.split(",")] if args.kv else None)
     expected = {c: sum(reps + 1 for _, _, reps in items) for c in CHANNELS}
     env = dict(os.environ, GLOG_minloglevel="2")
     proc = subprocess.Popen([sys.executable, __file__, "--receiver", json.dumps(expected)],

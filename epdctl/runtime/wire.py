@@ -81,22 +81,36 @@ def pack(meta: dict, tensors: dict[str, torch.Tensor]) -> list[Frame]:
 def pack_into(header: dict, bufs: list[memoryview], dst: np.ndarray) -> bytes:
     """``pack`` + ``fill`` in one pass: copy each buffer to its ``layout`` slot in ``dst`` and hash
     it while it is still in cache (the source's checksum, so the receiver checks end to end)."""
-    offsets, total = layout(header["tensors"])
+    table = header["tensors"]
+    offsets, total = layout(table)
     if dst.nbytes < total:
         raise TransferError(f"destination buffer of {dst.nbytes} bytes is smaller than the message ({total})")
-    for entry, raw, off in zip(header["tensors"], bufs, offsets):
+    sums, _ = pack_part(table, bufs, offsets, dst, 0, len(table))
+    for entry, s in zip(table, sums):
+        entry["xxh3"] = s
+    return json.dumps(header).encode()
+
+
+def pack_part(table: list[dict], bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray,
+              first: int, last: int) -> tuple[list[int], list[int]]:
+    """Copy tensors ``first..last-1`` to their ``offsets`` in ``dst``, hashing each piece while it is
+    in cache; their checksums and lengths (``dst`` must hold the layout)."""
+    sums, lengths = [], []
+    for i in range(first, last):
+        raw, off = bufs[i], offsets[i]
         src = np.frombuffer(raw, dtype=np.uint8)
+        lengths.append(src.nbytes)
         if src.nbytes <= _CHUNK:
             dst[off:off + src.nbytes] = src
-            entry["xxh3"] = checksum(raw)
+            sums.append(checksum(raw))
             continue
         h = xxhash.xxh3_64()
         for start in range(0, src.nbytes, _CHUNK):
             end = min(start + _CHUNK, src.nbytes)
             dst[off + start:off + end] = src[start:end]
-            h.update(raw[start:end])
-        entry["xxh3"] = h.intdigest()
-    return json.dumps(header).encode()
+            h.update(src[start:end])
+        sums.append(h.intdigest())
+    return sums, lengths
 
 
 def parse_header(frame: Frame) -> dict:
@@ -187,7 +201,7 @@ def unpack_contiguous(header_frame: Frame | dict, buf: torch.Tensor) -> tuple[di
         for d in reversed(shape):
             strides.append(step)
             step *= int(d)
-        tensors[entry["name"]] = whole.as_strided(shape, strides[::-1], off // size)
+        tensors[entry["name"]] = whole.as_strided(shape, strides[::-1], whole.storage_offset() + off // size)
     return header["meta"], tensors
 
 

@@ -1,41 +1,46 @@
 """ZMQ transport (default): wire messages over tcp:// or ipc://, or through shared memory.
 
-Either way a message is one contiguous buffer laid out by ``wire.layout``, written by one pass
-that copies and hashes each tensor (``wire.pack_into``), with the header and the lengths written:
-BLOB carries it as one zero-copy frame (from a pool of reused send buffers); a message of 256 KiB
-or more to a peer on this host goes through a segment of /dev/shm the receiver lends instead (SHM
--> the sender writes -> SHMDONE; see shm.py), whether the peer shares the host being found out by
-the first such lease and remembered. The receiver checks lengths and checksums and hands out
-views into the buffer; every message is answered only after that, so ``send()`` returning means
-delivered.
+Either way a message is one contiguous buffer laid out by ``wire.layout``, cut into parts of a
+few MiB at tensor boundaries (``parts.py``): the sender copies and hashes part i+1 while part i
+travels, the receiver checks part i while part i+1 arrives. On the socket a part is a PART
+message (one zero-copy frame out of a pool of reused send buffers) and END closes the message;
+a one-part message is a single BLOB. A message of 256 KiB or more to a peer on this host goes
+through a segment of /dev/shm the receiver lends instead (SHM -> SHMPART per part written ->
+SHMEND; see shm.py), whether the peer shares the host being found out by the first such lease
+and remembered. Receivers hand out views into the received buffer; the closing message is
+answered only after every part checked out, so ``send()`` returning means delivered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import tempfile
 import time
 import uuid
-from typing import Callable, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import TransferError
-from ..wire import Frame, describe, fill, layout, pack_into, parse_header, unpack_written
+from ..wire import Frame, describe, layout, parse_header
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
+from .parts import PART_BYTES, Incoming, PartWriter, frame_writer, part_header, span, split, tensor_writer
 
+log = logging.getLogger(__name__)
 ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq's zero-copy bookkeeping costs more
 SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
-_THREAD_BYTES = 32 << 20    # copy + hash larger messages in a thread so the event loop keeps serving
-Writer = Callable[[np.ndarray], tuple[list[int], bytes]]  # fills a buffer: (lengths, header with checksums)
+_THREAD_BYTES = 32 << 20    # copy + hash larger parts in a thread so the event loop keeps serving
 
 
-async def _maybe_thread(write: Writer, dst: np.ndarray, total: int) -> tuple[list[int], bytes]:
-    return await asyncio.to_thread(write, dst) if total >= _THREAD_BYTES else write(dst)
+async def _write(write: PartWriter, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[list[int], list[int]]:
+    if nbytes >= _THREAD_BYTES:
+        return await asyncio.to_thread(write, dst, first, last)
+    return write(dst, first, last)
 
 
 def _as_tensor(frame: memoryview) -> torch.Tensor:
@@ -61,7 +66,9 @@ class ZmqTransport(Endpoint):
         self._staging = shm.BufferPool()
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
-        self._leases: dict[str, tuple[float, str, bytes, shm.Segment]] = {}
+        self._leases: dict[str, tuple[float, Incoming, shm.Segment, torch.Tensor]] = {}
+        self._incoming: dict[str, Incoming] = {}
+        self.part_bytes = PART_BYTES
         self.stats.update({"shm_sent": 0, "shm_received": 0})
 
     @classmethod
@@ -80,130 +87,192 @@ class ZmqTransport(Endpoint):
 
     async def send(self, peer: str, key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> int:
         header, bufs = describe(meta, tensors)
-
-        def write(dst: np.ndarray) -> tuple[list[int], bytes]:  # copy + checksum in one pass
-            return [b.nbytes for b in bufs], pack_into(header, bufs, dst)
-
-        return await self._send(peer, key, header, write)
+        return await self._send(peer, key, header, lambda offsets, _: tensor_writer(header["tensors"], bufs, offsets))
 
     async def send_frames(self, peer: str, key: str, frames: Sequence[Frame]) -> int:
         """Send already-packed frames (tests use it to put damaged payloads on a real socket)."""
-        header = bytes(frames[0])
-        return await self._send(peer, key, parse_header(header),
-                                lambda dst: (fill(header, frames[1:], dst), header))
+        header = parse_header(frames[0])
+        return await self._send(peer, key, header,
+                                lambda offsets, total: frame_writer(header["tensors"], frames[1:], offsets, total))
 
-    async def _send(self, peer: str, key: str, header: dict, write: Writer) -> int:
-        """Through shared memory when the peer is on this host, else as one buffer on the socket."""
+    async def _send(self, peer: str, key: str, header: dict,
+                    writer: Callable[[list[int], int], PartWriter]) -> int:
+        """Through shared memory when the peer is on this host, else on the socket; in parts."""
         if not peer.startswith("zmq+"):
             raise TransferError(f"peer {peer!r} is not a zmq address (zmq+tcp://... or zmq+ipc://...)")
-        total = layout(header["tensors"])[1]
+        offsets, total = layout(header["tensors"])
+        msg = _Outgoing(key, header, json.dumps(header).encode(), offsets, total, writer(offsets, total),
+                        split(header["tensors"], offsets, total, self.part_bytes))
         try:
             shm_ok = self.use_shm and total >= self.shm_min_bytes and self._same_host.get(peer, True)
-            lengths = await self._send_shm(peer, key, json.dumps(header).encode(), total, write) if shm_ok else None
+            lengths = await self._send_shm(peer, msg) if shm_ok else None
             if lengths is None:
-                lengths = await self._send_blob(peer, key, total, write)
+                lengths = await self._send_socket(peer, msg)
         except TransferError:
             self.stats["failures"] += 1
             raise
-        self.stats["bytes_sent"] += sum(lengths)
+        sent = sum(n for n in lengths if n > 0)
+        self.stats["bytes_sent"] += sent
         self.stats["transfers_sent"] += 1
-        return sum(lengths)
+        return sent
 
-    async def _send_blob(self, peer: str, key: str, total: int, write: Writer) -> list[int]:
-        """The whole message as ONE zero-copy frame (laid out like the shared-memory path): one
-        part on the wire instead of one per tensor, which halves the time for a 56-tensor KV."""
-        staging = self._staging.take(total)
-        lengths, final = await _maybe_thread(write, staging, total)
-        await self.request(peer[4:], [b"BLOB", key.encode(), final, json.dumps(lengths).encode(), staging[:total]],
-                           f"send {key!r}", copy=total < ZERO_COPY_BYTES)
+    async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
+        """One BLOB, or PART messages (zero-copy slices of one reused send buffer) then END."""
+        staging = self._staging.take(msg.total)
+        key, what = msg.key.encode(), f"send {msg.key!r}"
+        if len(msg.parts) == 1:
+            sums, lengths = await _write(msg.write, staging, 0, len(msg.offsets), msg.total)
+            await self.request(peer[4:], [b"BLOB", key, msg.header_json, part_header(0, sums, lengths),
+                                          staging[:msg.total]], what, copy=msg.total < ZERO_COPY_BYTES)
+        else:
+            xid, lengths = uuid.uuid4().hex.encode(), []
+
+            async def parts() -> AsyncIterator[list[Frame]]:
+                for i, (first, last) in enumerate(msg.parts):
+                    start, end = span(msg.offsets, msg.total, first, last)
+                    sums, written = await _write(msg.write, staging, first, last, end - start)
+                    lengths.extend(written)
+                    yield [b"PART", xid, key if i == 0 else b"", msg.header_json if i == 0 else b"",
+                           part_header(first, sums, written), memoryview(staging[start:end])]
+            await self.request(peer[4:], [b"END", xid], what, copy=False, before=parts())
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 
-    async def _send_shm(self, peer: str, key: str, header: bytes, total: int, write: Writer) -> list[int] | None:
-        """Lease a segment of the peer's for the message laid out by ``header`` and ``write`` into
-        it; the lengths written, or None when the peer is not on this host."""
-        endpoint = peer[4:]
-        reply = await self.request(endpoint, [b"SHM", key.encode(), header], f"send {key!r}")
+    async def _send_shm(self, peer: str, msg: "_Outgoing") -> list[int] | None:
+        """Lease a segment of the peer's and write the message into it part by part (SHMPART
+        after each); the lengths written, or None when the peer is not on this host."""
+        endpoint, what = peer[4:], f"send {msg.key!r}"
+        reply = await self.request(endpoint, [b"SHM", msg.key.encode(), msg.header_json], what)
         if len(reply) < 3:  # the receiver has no shared memory to lend
             self._same_host[peer] = False
             return None
         name, xid = reply[1].decode(), reply[2]
         try:
-            dst = self._maps.open(name, total)
+            dst = self._maps.open(name, msg.total)
         except OSError:
             self._same_host[peer] = False
-            await self.request(endpoint, [b"DROP", xid], f"send {key!r}")
+            await self.request(endpoint, [b"DROP", xid], what)
             return None
         self._same_host[peer] = True
-        lengths, final = await _maybe_thread(write, dst, total)
-        del dst
+        lengths: list[int] = []
+
+        async def parts() -> AsyncIterator[list[Frame]]:
+            for first, last in msg.parts:
+                start, end = span(msg.offsets, msg.total, first, last)
+                sums, written = await _write(msg.write, dst, first, last, end - start)
+                lengths.extend(written)
+                yield [b"SHMPART", xid, part_header(first, sums, written)]
         self.stats["shm_sent"] += 1
-        await self.request(endpoint, [b"SHMDONE", xid, json.dumps(lengths).encode(), final], f"send {key!r}")
+        await self.request(endpoint, [b"SHMEND", xid], what, before=parts())
         return lengths
 
-    async def _handle(self, frames: list[memoryview]) -> list[bytes]:
+    async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
         self._purge()
+        if kind == b"PART" and len(frames) == 6:  # no answer: END is answered for the whole message
+            await self._part(frames)
+            return None
+        if kind == b"SHMPART" and len(frames) == 3:
+            lease = self._leases.get(bytes(frames[1]).decode())
+            if lease is not None:
+                await self._add(lease[1], frames[2], lease[3], whole=True)
+            return None
         if kind == b"BLOB" and len(frames) == 5:
-            key, header, lengths = bytes(frames[1]).decode(), bytes(frames[2]), json.loads(bytes(frames[3]))
-            buf = _as_tensor(frames[4])
-            return await self._verified(key, lambda: unpack_written(header, buf, lengths), sum(lengths))
+            try:
+                incoming = Incoming.open(bytes(frames[1]).decode(), parse_header(frames[2]))
+            except (TransferError, KeyError, TypeError, ValueError) as exc:
+                return [b"ERR", f"bad message header: {exc}".encode()]
+            await self._add(incoming, frames[3], _as_tensor(frames[4]), whole=False)
+            return self._finish(incoming)
+        if kind == b"END" and len(frames) == 2:
+            incoming = self._incoming.pop(bytes(frames[1]).decode(), None)
+            if incoming is None:
+                return [b"ERR", b"unknown or expired transfer (its first part never arrived)"]
+            return self._finish(incoming)
         if kind == b"SHM" and len(frames) == 3:
             return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
-        if kind == b"SHMDONE" and len(frames) == 4:
+        if kind == b"SHMEND" and len(frames) == 2:
             lease = self._leases.pop(bytes(frames[1]).decode(), None)
             if lease is None:
                 return [b"ERR", b"unknown or expired shared-memory lease"]
-            _, key, header, seg = lease
-            lengths = json.loads(bytes(frames[2]))
-            header = bytes(frames[3])  # the checksums were filled in while writing
-            buf = self._pool.view(seg, seg.size)
             self.stats["shm_received"] += 1
-            return await self._verified(key, lambda: unpack_written(header, buf, lengths), sum(lengths))
+            return self._finish(lease[1])
         if kind == b"DROP" and len(frames) == 2:
             lease = self._leases.pop(bytes(frames[1]).decode(), None)
             if lease is not None:
-                self._pool.drop(lease[3])
+                self._pool.drop(lease[2])
             return [b"OK"]
         return [b"ERR", b"unknown message"]
+
+    async def _part(self, frames: list[memoryview]) -> None:
+        xid = bytes(frames[1]).decode()
+        incoming = self._incoming.get(xid)
+        if incoming is None and frames[3].nbytes:  # the first part brings the key and the header
+            try:
+                incoming = Incoming.open(bytes(frames[2]).decode(), parse_header(frames[3]))
+            except (TransferError, KeyError, TypeError, ValueError):
+                return  # END finds no transfer and says so
+            self._incoming[xid] = incoming
+        if incoming is not None:
+            await self._add(incoming, frames[4], _as_tensor(frames[5]), whole=False)
+
+    async def _add(self, incoming: Incoming, part: Frame, buf: torch.Tensor, whole: bool) -> None:
+        nbytes = incoming.size_of(part) if whole else buf.numel()
+        try:
+            await verify(lambda _: incoming.add(part, buf, whole), None, nbytes)
+        except Exception as exc:  # a part is never answered on its own: its END reports the failure
+            log.exception("transport endpoint: part of %r failed", incoming.key)
+            incoming.error = incoming.error or TransferError(f"receiver failed: {exc}")
+
+    def _finish(self, incoming: Incoming) -> list[bytes]:
+        """Deliver a whole message (or its error) to its ``recv`` and answer the sender."""
+        self.stats["bytes_received"] += incoming.received
+        try:
+            result = incoming.finish()
+        except TransferError as exc:
+            self._deliver(incoming.key, exc)
+            return [b"ERR", str(exc).encode()]
+        self._deliver(incoming.key, result)
+        return [b"OK"]
 
     def _lease(self, key: str, header: bytes) -> list[bytes]:
         if self._pool is None:
             return [b"OK"]  # no shared memory to lend: the sender uses the socket
         try:
-            total = layout(parse_header(header)["tensors"])[1]
-            seg = self._pool.lease(total)
+            incoming = Incoming.open(key, parse_header(header))
+            seg = self._pool.lease(incoming.total)
         except (TransferError, KeyError, ValueError, TypeError):
             return [b"OK"]  # let the socket copy bring the same header and fail loudly there
         except OSError:
             return [b"OK"]  # /dev/shm full or unusable: the socket
         xid = uuid.uuid4().hex
-        self._leases[xid] = (time.monotonic(), key, header, seg)
+        self._leases[xid] = (time.monotonic(), incoming, seg, self._pool.view(seg, seg.size))
         return [b"OK", seg.name.encode(), xid.encode()]
-
-    async def _verified(self, key: str, check: Callable[[], object], nbytes: int) -> list[bytes]:
-        """Run ``check`` (verify + build tensors) and answer OK, or ERR with its TransferError."""
-        self.stats["bytes_received"] += nbytes
-        try:
-            result = await verify(lambda _: check(), None, nbytes)
-        except TransferError as exc:
-            self._deliver(key, exc)
-            return [b"ERR", str(exc).encode()]
-        self._deliver(key, result)
-        return [b"OK"]
 
     def _purge(self) -> None:
         now = time.monotonic()
         for xid in [x for x, lease in self._leases.items() if now - lease[0] > self.timeout]:
-            self._pool.drop(self._leases.pop(xid)[3])
+            self._pool.drop(self._leases.pop(xid)[2])
+        for xid in [x for x, inc in self._incoming.items() if now - inc.started > self.timeout]:
+            del self._incoming[xid]
 
     async def close(self) -> None:
         await super().close()
         self._maps.close()
-        for _, _, _, seg in self._leases.values():
+        for _, _, seg, _ in self._leases.values():
             seg.release()
         self._leases.clear()
+        self._incoming.clear()
         if self._pool is not None:
             self._pool.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)
+
+
+class _Outgoing:
+    """One message on its way out: its layout, how to write a part, and the parts."""
+
+    def __init__(self, key: str, header: dict, header_json: bytes, offsets: list[int], total: int,
+                 write: PartWriter, parts: list[tuple[int, int]]):
+        self.key, self.header, self.header_json = key, header, header_json
+        self.offsets, self.total, self.write, self.parts = offsets, total, write, parts

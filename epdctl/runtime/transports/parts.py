@@ -1,0 +1,147 @@
+"""Pipelined hand-offs: a large message goes as parts of a few MiB, each verified on arrival.
+
+A message laid out by ``wire.layout`` is cut at tensor boundaries into parts of about
+``PART_BYTES``. The sender copies and hashes part i+1 while part i is on its way (ZMQ's I/O
+thread writes it to the socket, or it already lies in the receiver's shared memory), and the
+receiver checks part i's sizes and checksums while part i+1 arrives, so the two checksums and
+the copy overlap the transfer instead of adding to it. Every part carries its tensors' checksums
+and the lengths written; the closing message is acknowledged only after every part checked out,
+in order and complete, so a corrupt, truncated or missing part still fails ``send()`` and the
+receiver's ``recv()``. A tensor larger than a part is a part of its own (parts never split one).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import TransferError
+from ..wire import MAGIC, Frame, layout, pack_part, unpack_contiguous
+
+PART_BYTES = 4 << 20  # ~4 MiB: small enough to overlap, large enough that a part's fixed cost is noise
+
+# (dst, first, last) -> (checksums, lengths) of tensors first..last-1 written into dst at their offsets
+PartWriter = Callable[[np.ndarray, int, int], tuple[list[int], list[int]]]
+
+
+def split(table: list[dict], offsets: list[int], total: int, part_bytes: int = PART_BYTES) -> list[tuple[int, int]]:
+    """Tensor ranges [first, last) of about ``part_bytes`` each, in order, covering ``table``."""
+    parts: list[tuple[int, int]] = []
+    first = 0
+    ends = offsets[1:] + [total]
+    for i in range(len(table)):
+        if ends[i] - offsets[first] >= part_bytes or i == len(table) - 1:
+            parts.append((first, i + 1))
+            first = i + 1
+    return parts or [(0, 0)]
+
+
+def span(offsets: list[int], total: int, first: int, last: int) -> tuple[int, int]:
+    """Byte range of tensors [first, last) in the layout."""
+    return (offsets[first] if first < len(offsets) else total), (offsets[last] if last < len(offsets) else total)
+
+
+def tensor_writer(table: list[dict], bufs: Sequence[memoryview], offsets: list[int]) -> PartWriter:
+    """``send()``'s writer: copy and hash each tensor (the source's checksum, cache-hot)."""
+    return lambda dst, first, last: pack_part(table, bufs, offsets, dst, first, last)
+
+
+def frame_writer(table: list[dict], bufs: Sequence[Frame], offsets: list[int], total: int) -> PartWriter:
+    """``send_frames()``'s writer: copy already-packed buffers with the header's own checksums. An
+    over-long (damaged) buffer is cut at its slot, a missing one written as nothing; the lengths
+    report both, so the receiver names the damage."""
+    ends = offsets[1:] + [total]
+
+    def write(dst: np.ndarray, first: int, last: int) -> tuple[list[int], list[int]]:
+        lengths = []
+        for i in range(first, last):
+            if i >= len(bufs):
+                lengths.append(-1)
+                continue
+            src = np.frombuffer(bufs[i], dtype=np.uint8)
+            n = min(src.nbytes, ends[i] - offsets[i])
+            dst[offsets[i]:offsets[i] + n] = src[:n]
+            lengths.append(src.nbytes)
+        return [int(e.get("xxh3", -1)) for e in table[first:last]], lengths
+    return write
+
+
+def part_header(first: int, sums: list[int], lengths: list[int]) -> bytes:
+    return json.dumps({"first": first, "sums": sums, "lengths": lengths}).encode()
+
+
+@dataclass
+class Incoming:
+    """The receiver's state of one pipelined message: parts checked so far, or the first error."""
+    key: str
+    header: dict
+    offsets: list[int]
+    total: int
+    started: float = field(default_factory=time.monotonic)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    next_first: int = 0
+    received: int = 0
+    error: TransferError | None = None
+
+    @classmethod
+    def open(cls, key: str, header: dict) -> "Incoming":
+        offsets, total = layout(header["tensors"])
+        return cls(key, header, offsets, total)
+
+    def add(self, part: Frame, buf: torch.Tensor, whole: bool) -> None:
+        """Check one part: ``part`` its JSON header, ``buf`` its bytes (``whole``: the whole layout,
+        as in a shared segment). A damaged part is remembered, not raised: ``finish`` reports it."""
+        if self.error is not None:
+            return
+        try:
+            self._add(json.loads(bytes(part)), buf, whole)
+        except TransferError as exc:
+            self.error = exc
+        except (ValueError, KeyError, TypeError) as exc:
+            self.error = TransferError(f"malformed part of {self.key!r}: {exc}")
+
+    def size_of(self, part: Frame) -> int:
+        """Bytes a part's header says it covers (0 if it is malformed: ``add`` then says why)."""
+        try:
+            desc = json.loads(bytes(part))
+            start, end = span(self.offsets, self.total, int(desc["first"]), int(desc["first"]) + len(desc["sums"]))
+            return max(0, end - start)
+        except (ValueError, KeyError, TypeError, IndexError):
+            return 0
+
+    def _add(self, part: dict, buf: torch.Tensor, whole: bool) -> None:
+        first, sums, lengths = int(part["first"]), list(part["sums"]), list(part["lengths"])
+        table = self.header["tensors"]
+        last = first + len(sums)
+        if first != self.next_first or last > len(table) or len(lengths) != len(sums):
+            raise TransferError(f"transfer of {self.key!r} truncated or out of order: part for tensors "
+                                f"{first}..{last - 1} after {self.next_first} of {len(table)}")
+        entries = table[first:last]
+        expected = [e["nbytes"] for e in entries]
+        if lengths != expected:
+            wrote = sum(max(n, 0) for n in lengths)
+            raise TransferError(f"transfer truncated: wrote {wrote} of {sum(expected)} bytes in tensors "
+                                f"{first}..{last - 1} ({sum(n >= 0 for n in lengths)} of {len(entries)} buffers)")
+        start, end = span(self.offsets, self.total, first, last)
+        base = start if whole else 0
+        if buf.numel() < end - start + base:
+            raise TransferError(f"transfer of {self.key!r} truncated: part of {buf.numel() - base} bytes, "
+                                f"layout needs {end - start}")
+        sub = {"magic": MAGIC, "meta": {}, "tensors": [dict(e, xxh3=s) for e, s in zip(entries, sums)]}
+        self.tensors.update(unpack_contiguous(sub, buf[base:base + end - start])[1])
+        self.next_first = last
+        self.received += end - start
+
+    def finish(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The message, once every part arrived whole; else the TransferError that says what broke."""
+        if self.error is not None:
+            raise self.error
+        n = len(self.header["tensors"])
+        if self.next_first != n:
+            raise TransferError(f"transfer of {self.key!r} truncated: {self.next_first} of {n} tensors arrived")
+        return self.header["meta"], self.tensors
