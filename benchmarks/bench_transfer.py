@@ -157,7 +157,8 @@ async def receiver(expected: dict[str, int]) -> None:
     stop = threading.Event()
     raw = threading.Thread(target=raw_server, args=(stop,), daemon=True)
     raw.start()
-    ts = {c: open_transport(k, "127.0.0.1", port=port, timeout=120, shm=shm) for c, (k, shm, port) in CHANNELS.items()}
+    ts = {c: open_transport(k, "127.0.0.1", port=port, timeout=120, shm=shm)
+          for c, (k, shm, port) in CHANNELS.items() if c in expected}
     for t in ts.values():
         await t.start()
     print(json.dumps({c: t.address for c, t in ts.items()}), flush=True)
@@ -166,8 +167,7 @@ async def receiver(expected: dict[str, int]) -> None:
         for i in range(expected[channel]):
             await ts[channel].recv(f"{channel}-{i}", 600)
 
-    await asyncio.gather(*(drain(c) for c in CHANNELS))
-    print("receiver shm pool:", getattr(ts["zmq-shm"], "_pool").stats, file=sys.stderr)
+    await asyncio.gather(*(drain(c) for c in ts))
     for t in ts.values():
         await t.close()
     stop.set()
@@ -180,7 +180,8 @@ def raw_send(sock: zmq.Socket, frames: list) -> None:
 
 
 async def measure(addresses: dict[str, str], items, counters: dict[str, int]) -> list[dict]:
-    senders = {c: open_transport(k, "127.0.0.1", timeout=120, shm=shm) for c, (k, shm, _) in CHANNELS.items()}
+    senders = {c: open_transport(k, "127.0.0.1", timeout=120, shm=shm)
+               for c, (k, shm, _) in CHANNELS.items() if c in addresses}
     for t in senders.values():
         await t.start()
     ctx = zmq.Context()
@@ -198,7 +199,7 @@ async def measure(addresses: dict[str, str], items, counters: dict[str, int]) ->
             row["wire_s"], row["wire_median_s"] = best_and_median(lambda: unpack(pack({}, tensors)), reps)
             whole = np.concatenate(src)  # raw pyzmq's best case: the payload already in one buffer
             row["raw-zmq_s"], row["raw-zmq_median_s"] = best_and_median(lambda: raw_send(raw, [whole]), reps)
-            for channel in CHANNELS:
+            for channel in senders:
                 times = []
                 for _ in range(reps + 1):
                     key = f"{channel}-{counters[channel]}"
@@ -207,7 +208,7 @@ async def measure(addresses: dict[str, str], items, counters: dict[str, int]) ->
                     await senders[channel].send(addresses[channel], key, {}, tensors)
                     times.append(time.perf_counter() - t0)
                 row[f"{channel}_s"], row[f"{channel}_median_s"] = min(times[1:]), statistics.median(times[1:])
-            row["shm_used"] = senders["zmq-shm"].stats.get("shm_sent", 0) > 0
+            row["shm_used"] = "zmq-shm" in senders and senders["zmq-shm"].stats.get("shm_sent", 0) > 0
             rows.append(row)
             print_row(row, header=len(rows) == 1)
     finally:
@@ -224,7 +225,7 @@ COLS = ["memcpy", "wire", "raw-zmq"] + list(CHANNELS)
 def print_row(row: dict, header: bool) -> None:
     if header:
         print(f"{'payload':44} {'MiB':>7} " + " ".join(f"{c:>16}" for c in COLS))
-    cells = [f"{row['bytes'] / row[f'{c}_s'] / 1e9:6.2f} GB/s" for c in COLS]
+    cells = [f"{row['bytes'] / row[f'{c}_s'] / 1e9:6.2f} GB/s" if f"{c}_s" in row else "-" for c in COLS]
     print(f"{row['payload']:44} {row['bytes'] / MiB:7.2f} " + " ".join(f"{c:>16}" for c in cells), flush=True)
 
 
@@ -232,14 +233,16 @@ def print_ratios(rows: list[dict]) -> None:
     print("\nratios (time of the reference / time of ours; 1.00 = as fast):")
     print(f"{'payload':44} {'zmq-tcp/raw-zmq':>16} {'zmq-ipc/raw-zmq':>16} {'zmq-shm/memcpy':>16}")
     for r in rows:
-        print(f"{r['payload']:44} {r['raw-zmq_s'] / r['zmq-tcp_s']:16.2f} {r['raw-zmq_s'] / r['zmq-ipc_s']:16.2f} "
-              f"{r['memcpy_s'] / r['zmq-shm_s']:16.2f}")
+        cells = [f"{r[ref] / r[ours]:16.2f}" if ours in r else f"{'-':>16}"
+                 for ref, ours in (("raw-zmq_s", "zmq-tcp_s"), ("raw-zmq_s", "zmq-ipc_s"), ("memcpy_s", "zmq-shm_s"))]
+        print(f"{r['payload']:44} " + " ".join(cells))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the 256 MiB payload")
     ap.add_argument("--kv", help="only KV payloads of these MiB, e.g. 16,64 (quick iterations)")
+    ap.add_argument("--channels", default=",".join(CHANNELS), help="which of our transports (default: all)")
     ap.add_argument("--receiver", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "transfer.json"))
     args = ap.parse_args()
@@ -251,13 +254,13 @@ def main() -> None:
     loop = iperf3()
     print(f"iperf3 loopback TCP: {loop:.2f} GB/s" if loop else "iperf3: not installed (apt-get install iperf3)")
     items = payloads(args.quick, [float(m) for m in args.kv.split(",")] if args.kv else None)
-    expected = {c: sum(reps + 1 for _, _, reps in items) for c in CHANNELS}
+    expected = {c: sum(reps + 1 for _, _, reps in items) for c in args.channels.split(",")}
     env = dict(os.environ, GLOG_minloglevel="2")
     proc = subprocess.Popen([sys.executable, __file__, "--receiver", json.dumps(expected)],
                             stdout=subprocess.PIPE, text=True, env=env)
     try:
         addresses = json.loads(proc.stdout.readline())
-        counters = {c: 0 for c in CHANNELS}
+        counters = {c: 0 for c in expected}
         rows = asyncio.run(measure(addresses, items, counters))
         proc.wait(timeout=120)
     finally:

@@ -152,6 +152,12 @@ def _view_or_copy(mv: memoryview, dtype: torch.dtype, shape: list[int]) -> torch
     return t
 
 
+def tensor_from(entry: dict, mv: memoryview) -> torch.Tensor:
+    """One tensor's bytes checked against its header ``entry`` (size, checksum, shape), as a view
+    of ``mv`` when writable and aligned, else a copy."""
+    return _view_or_copy(mv, _check(entry, mv), entry["shape"])
+
+
 def unpack(frames: Sequence[Frame]) -> tuple[dict, dict[str, torch.Tensor]]:
     """Validate sizes and checksums; tensors are views into writable frames (copies of read-only ones)."""
     if not frames:
@@ -185,8 +191,9 @@ def unpack_contiguous(header_frame: Frame | dict, buf: torch.Tensor) -> tuple[di
     header = header_frame if isinstance(header_frame, dict) else parse_header(header_frame)
     table = header["tensors"]
     offsets, total = layout(table)
-    if buf.numel() < total:
-        raise TransferError(f"wire message truncated: buffer of {buf.numel()} bytes, layout needs {total}")
+    need = offsets[-1] + table[-1]["nbytes"] if table else 0  # the last tensor's padding may be absent
+    if buf.numel() < need:
+        raise TransferError(f"wire message truncated: buffer of {buf.numel()} bytes, layout needs {need}")
     raw = memoryview(buf.numpy())
     typed: dict[torch.dtype, torch.Tensor] = {}  # buf as each dtype once: a tensor is then one as_strided
     tensors: dict[str, torch.Tensor] = {}
@@ -195,7 +202,8 @@ def unpack_contiguous(header_frame: Frame | dict, buf: torch.Tensor) -> tuple[di
         shape = entry["shape"]
         whole = typed.get(dtype)
         if whole is None:
-            whole = typed[dtype] = buf[:total].view(dtype)
+            size = _ITEMSIZE[entry["dtype"]]
+            whole = typed[dtype] = buf[:min(total, buf.numel()) // size * size].view(dtype)
         size = _ITEMSIZE[entry["dtype"]]
         strides, step = [], 1
         for d in reversed(shape):

@@ -29,26 +29,19 @@ from ..errors import TransferError
 from ..wire import Frame, describe, layout, parse_header
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
-from .parts import PART_BYTES, Incoming, PartWriter, frame_writer, part_header, span, split, tensor_writer
+from .parts import PART_BYTES, FrameWriter, Incoming, TensorWriter, Writer, part_header, span, split
 
 log = logging.getLogger(__name__)
 ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq's zero-copy bookkeeping costs more
 SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
 _THREAD_BYTES = 32 << 20    # copy + hash larger parts in a thread so the event loop keeps serving
+DIRECT_BYTES = 256 * 1024   # tensors this large go on the socket from their own memory (no copy)
 
 
-async def _write(write: PartWriter, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[list[int], list[int]]:
+async def _write(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[list[int], list[int]]:
     if nbytes >= _THREAD_BYTES:
         return await asyncio.to_thread(write, dst, first, last)
     return write(dst, first, last)
-
-
-def _as_tensor(frame: memoryview) -> torch.Tensor:
-    """A received frame as a uint8 tensor without copying (copied only if read-only or misaligned)."""
-    arr = np.frombuffer(frame, dtype=np.uint8)
-    if frame.readonly or arr.ctypes.data % 8:
-        arr = arr.copy()
-    return torch.from_numpy(arr)
 
 
 class ZmqTransport(Endpoint):
@@ -66,9 +59,9 @@ class ZmqTransport(Endpoint):
         self._staging = shm.BufferPool()
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
-        self._leases: dict[str, tuple[float, Incoming, shm.Segment, torch.Tensor]] = {}
-        self._incoming: dict[str, Incoming] = {}
+        self._leases: dict[str, tuple[float, Incoming, shm.Segment, memoryview]] = {}
         self.part_bytes = PART_BYTES
+        self.direct_bytes = DIRECT_BYTES
         self.stats.update({"shm_sent": 0, "shm_received": 0})
 
     @classmethod
@@ -87,22 +80,20 @@ class ZmqTransport(Endpoint):
 
     async def send(self, peer: str, key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> int:
         header, bufs = describe(meta, tensors)
-        return await self._send(peer, key, header, lambda offsets, _: tensor_writer(header["tensors"], bufs, offsets))
+        return await self._send(peer, key, header, lambda offsets, _: TensorWriter(header["tensors"], bufs, offsets))
 
     async def send_frames(self, peer: str, key: str, frames: Sequence[Frame]) -> int:
         """Send already-packed frames (tests use it to put damaged payloads on a real socket)."""
         header = parse_header(frames[0])
         return await self._send(peer, key, header,
-                                lambda offsets, total: frame_writer(header["tensors"], frames[1:], offsets, total))
+                                lambda offsets, total: FrameWriter(header["tensors"], frames[1:], offsets, total))
 
-    async def _send(self, peer: str, key: str, header: dict,
-                    writer: Callable[[list[int], int], PartWriter]) -> int:
-        """Through shared memory when the peer is on this host, else on the socket; in parts."""
+    async def _send(self, peer: str, key: str, header: dict, writer: Callable[[list[int], int], Writer]) -> int:
+        """Through shared memory when the peer is on this host, else on the socket."""
         if not peer.startswith("zmq+"):
             raise TransferError(f"peer {peer!r} is not a zmq address (zmq+tcp://... or zmq+ipc://...)")
         offsets, total = layout(header["tensors"])
-        msg = _Outgoing(key, header, json.dumps(header).encode(), offsets, total, writer(offsets, total),
-                        split(header["tensors"], offsets, total, self.part_bytes))
+        msg = _Outgoing(key, header, offsets, total, writer(offsets, total))
         try:
             shm_ok = self.use_shm and total >= self.shm_min_bytes and self._same_host.get(peer, True)
             lengths = await self._send_shm(peer, msg) if shm_ok else None
@@ -117,30 +108,31 @@ class ZmqTransport(Endpoint):
         return sent
 
     async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
-        """One BLOB, or PART messages (zero-copy slices of one reused send buffer) then END."""
+        """One BLOB: each large tensor a zero-copy frame of its own memory (hashed, not copied),
+        runs of small ones copied and hashed into slices of a reused send buffer."""
+        parts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes, self.direct_bytes)
         staging = self._staging.take(msg.total)
-        key, what = msg.key.encode(), f"send {msg.key!r}"
-        if len(msg.parts) == 1:
-            sums, lengths = await _write(msg.write, staging, 0, len(msg.offsets), msg.total)
-            await self.request(peer[4:], [b"BLOB", key, msg.header_json, part_header(0, sums, lengths),
-                                          staging[:msg.total]], what, copy=msg.total < ZERO_COPY_BYTES)
-        else:
-            xid, lengths = uuid.uuid4().hex.encode(), []
-
-            async def parts() -> AsyncIterator[list[Frame]]:
-                for i, (first, last) in enumerate(msg.parts):
-                    start, end = span(msg.offsets, msg.total, first, last)
-                    sums, written = await _write(msg.write, staging, first, last, end - start)
-                    lengths.extend(written)
-                    yield [b"PART", xid, key if i == 0 else b"", msg.header_json if i == 0 else b"",
-                           part_header(first, sums, written), memoryview(staging[start:end])]
-            await self.request(peer[4:], [b"END", xid], what, copy=False, before=parts())
+        descs, frames, lengths = [], [], []
+        for first, last in parts:
+            if last - first == 1 and msg.header["tensors"][first]["nbytes"] >= self.direct_bytes:
+                frame, digest, n = msg.write.direct(first)
+                sums, written = [digest], [n]
+            else:
+                start, end = span(msg.offsets, msg.total, first, last)
+                sums, written = await _write(msg.write, staging, first, last, end - start)
+                frame = memoryview(staging[start:end])
+            descs.append(part_header(first, sums, written))
+            frames.append(frame)
+            lengths.extend(written)
+        await self.request(peer[4:], [b"BLOB", msg.key.encode(), msg.header_json, json.dumps(descs).encode(), *frames],
+                           f"send {msg.key!r}", copy=msg.total < ZERO_COPY_BYTES)
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 
     async def _send_shm(self, peer: str, msg: "_Outgoing") -> list[int] | None:
         """Lease a segment of the peer's and write the message into it part by part (SHMPART
-        after each); the lengths written, or None when the peer is not on this host."""
+        after each, so the receiver checks one while the next is written); the lengths written,
+        or None when the peer is not on this host."""
         endpoint, what = peer[4:], f"send {msg.key!r}"
         reply = await self.request(endpoint, [b"SHM", msg.key.encode(), msg.header_json], what)
         if len(reply) < 3:  # the receiver has no shared memory to lend
@@ -157,11 +149,11 @@ class ZmqTransport(Endpoint):
         lengths: list[int] = []
 
         async def parts() -> AsyncIterator[list[Frame]]:
-            for first, last in msg.parts:
+            for first, last in split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes):
                 start, end = span(msg.offsets, msg.total, first, last)
                 sums, written = await _write(msg.write, dst, first, last, end - start)
                 lengths.extend(written)
-                yield [b"SHMPART", xid, part_header(first, sums, written)]
+                yield [b"SHMPART", xid, json.dumps(part_header(first, sums, written)).encode()]
         self.stats["shm_sent"] += 1
         await self.request(endpoint, [b"SHMEND", xid], what, before=parts())
         return lengths
@@ -169,25 +161,17 @@ class ZmqTransport(Endpoint):
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
         self._purge()
-        if kind == b"PART" and len(frames) == 6:  # no answer: END is answered for the whole message
-            await self._part(frames)
-            return None
-        if kind == b"SHMPART" and len(frames) == 3:
+        if kind == b"SHMPART" and len(frames) == 3:  # no answer: SHMEND is answered for the whole message
             lease = self._leases.get(bytes(frames[1]).decode())
             if lease is not None:
-                await self._add(lease[1], frames[2], lease[3], whole=True)
+                await self._add(lease[1], [frames[2]], [lease[3]], whole=True)
             return None
-        if kind == b"BLOB" and len(frames) == 5:
+        if kind == b"BLOB" and len(frames) >= 4:
             try:
                 incoming = Incoming.open(bytes(frames[1]).decode(), parse_header(frames[2]))
             except (TransferError, KeyError, TypeError, ValueError) as exc:
                 return [b"ERR", f"bad message header: {exc}".encode()]
-            await self._add(incoming, frames[3], _as_tensor(frames[4]), whole=False)
-            return self._finish(incoming)
-        if kind == b"END" and len(frames) == 2:
-            incoming = self._incoming.pop(bytes(frames[1]).decode(), None)
-            if incoming is None:
-                return [b"ERR", b"unknown or expired transfer (its first part never arrived)"]
+            await self._add(incoming, frames[3], frames[4:], whole=False)
             return self._finish(incoming)
         if kind == b"SHM" and len(frames) == 3:
             return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
@@ -204,25 +188,24 @@ class ZmqTransport(Endpoint):
             return [b"OK"]
         return [b"ERR", b"unknown message"]
 
-    async def _part(self, frames: list[memoryview]) -> None:
-        xid = bytes(frames[1]).decode()
-        incoming = self._incoming.get(xid)
-        if incoming is None and frames[3].nbytes:  # the first part brings the key and the header
-            try:
-                incoming = Incoming.open(bytes(frames[2]).decode(), parse_header(frames[3]))
-            except (TransferError, KeyError, TypeError, ValueError):
-                return  # END finds no transfer and says so
-            self._incoming[xid] = incoming
-        if incoming is not None:
-            await self._add(incoming, frames[4], _as_tensor(frames[5]), whole=False)
-
-    async def _add(self, incoming: Incoming, part: Frame, buf: torch.Tensor, whole: bool) -> None:
-        nbytes = incoming.size_of(part) if whole else buf.numel()
+    async def _add(self, incoming: Incoming, descs: Frame | list[Frame], bufs: list[memoryview], whole: bool) -> None:
+        """Check parts (``descs``: their JSON headers, one list or one each) in ``bufs`` (one each,
+        or the whole layout once); in a thread when they are large. Never raises: ``finish`` reports."""
         try:
-            await verify(lambda _: incoming.add(part, buf, whole), None, nbytes)
-        except Exception as exc:  # a part is never answered on its own: its END reports the failure
-            log.exception("transport endpoint: part of %r failed", incoming.key)
-            incoming.error = incoming.error or TransferError(f"receiver failed: {exc}")
+            parts = json.loads(bytes(descs)) if not isinstance(descs, list) else [json.loads(bytes(d)) for d in descs]
+            if not isinstance(parts, list) or (not whole and len(parts) != len(bufs)):
+                raise TransferError(f"transfer of {incoming.key!r} truncated: {len(bufs)} buffers for "
+                                    f"{len(parts) if isinstance(parts, list) else '?'} parts")
+
+            def check(_: object) -> None:
+                for i, part in enumerate(parts):
+                    incoming.add(part, bufs[0 if whole else i], whole)
+            await verify(check, None, sum(incoming.size_of(p) for p in parts))
+        except Exception as exc:  # a part is never answered on its own: its message's end reports it
+            if not isinstance(exc, TransferError):
+                log.exception("transport endpoint: part of %r failed", incoming.key)
+            incoming.error = incoming.error or (exc if isinstance(exc, TransferError)
+                                                else TransferError(f"receiver failed: {exc}"))
 
     def _finish(self, incoming: Incoming) -> list[bytes]:
         """Deliver a whole message (or its error) to its ``recv`` and answer the sender."""
@@ -246,15 +229,13 @@ class ZmqTransport(Endpoint):
         except OSError:
             return [b"OK"]  # /dev/shm full or unusable: the socket
         xid = uuid.uuid4().hex
-        self._leases[xid] = (time.monotonic(), incoming, seg, self._pool.view(seg, seg.size))
+        self._leases[xid] = (time.monotonic(), incoming, seg, memoryview(self._pool.view(seg, seg.size).numpy()))
         return [b"OK", seg.name.encode(), xid.encode()]
 
     def _purge(self) -> None:
         now = time.monotonic()
         for xid in [x for x, lease in self._leases.items() if now - lease[0] > self.timeout]:
             self._pool.drop(self._leases.pop(xid)[2])
-        for xid in [x for x, inc in self._incoming.items() if now - inc.started > self.timeout]:
-            del self._incoming[xid]
 
     async def close(self) -> None:
         await super().close()
@@ -262,7 +243,6 @@ class ZmqTransport(Endpoint):
         for _, _, seg, _ in self._leases.values():
             seg.release()
         self._leases.clear()
-        self._incoming.clear()
         if self._pool is not None:
             self._pool.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
@@ -270,9 +250,8 @@ class ZmqTransport(Endpoint):
 
 
 class _Outgoing:
-    """One message on its way out: its layout, how to write a part, and the parts."""
+    """One message on its way out: its header (checksums travel with the parts), layout and writer."""
 
-    def __init__(self, key: str, header: dict, header_json: bytes, offsets: list[int], total: int,
-                 write: PartWriter, parts: list[tuple[int, int]]):
-        self.key, self.header, self.header_json = key, header, header_json
-        self.offsets, self.total, self.write, self.parts = offsets, total, write, parts
+    def __init__(self, key: str, header: dict, offsets: list[int], total: int, write: Writer):
+        self.key, self.header, self.header_json = key, header, json.dumps(header).encode()
+        self.offsets, self.total, self.write = offsets, total, write
