@@ -20,6 +20,7 @@ import os
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq's zero-copy bookkeeping costs more
 SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
 _THREAD_BYTES = 32 << 20    # copy + hash larger parts in a thread so the event loop keeps serving
-DIRECT_BYTES = 256 * 1024   # tensors this large go on the socket from their own memory (no copy)
+DIRECT_BYTES = 4 << 20      # tensors this large go on the socket from their own memory (smaller: a copy beats a zero-copy frame)
 
 
 async def _write(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[list[int], list[int]]:
@@ -59,7 +60,8 @@ class ZmqTransport(Endpoint):
         self._staging = shm.BufferPool()
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
-        self._leases: dict[str, tuple[float, Incoming, shm.Segment, memoryview]] = {}
+        self._leases: dict[str, _Lease] = {}
+        self._spares: dict[str, tuple[str, bytes, int, float]] = {}  # peer -> segment it lent for the next message
         self.part_bytes = PART_BYTES
         self.direct_bytes = DIRECT_BYTES
         self.stats.update({"shm_sent": 0, "shm_received": 0})
@@ -130,18 +132,30 @@ class ZmqTransport(Endpoint):
         return lengths
 
     async def _send_shm(self, peer: str, msg: "_Outgoing") -> list[int] | None:
-        """Lease a segment of the peer's and write the message into it part by part (SHMPART
-        after each, so the receiver checks one while the next is written); the lengths written,
-        or None when the peer is not on this host."""
+        """Write the message into a segment the peer lent, part by part (SHMPART after each, so the
+        receiver checks one while the next is written), then SHMEND. The segment is the spare the
+        peer lent with its last answer when that fits (no lease round trip), else one leased now.
+        The lengths written, or None when the peer is not on this host."""
         endpoint, what = peer[4:], f"send {msg.key!r}"
+        spare = self._spares.pop(peer, None)
+        if spare is not None and spare[2] >= msg.total and time.monotonic() - spare[3] < self.timeout / 2:
+            try:
+                return await self._write_shm(peer, msg, spare[0], spare[1], spare=True)
+            except _SpareGone:
+                pass  # purged, or the receiver restarted: lease one now
         reply = await self.request(endpoint, [b"SHM", msg.key.encode(), msg.header_json], what)
         if len(reply) < 3:  # the receiver has no shared memory to lend
             self._same_host[peer] = False
             return None
-        name, xid = reply[1].decode(), reply[2]
+        return await self._write_shm(peer, msg, reply[1].decode(), reply[2], spare=False)
+
+    async def _write_shm(self, peer: str, msg: "_Outgoing", name: str, xid: bytes, spare: bool) -> list[int] | None:
+        endpoint, what = peer[4:], f"send {msg.key!r}"
         try:
             dst = self._maps.open(name, msg.total)
         except OSError:
+            if spare:
+                raise _SpareGone() from None
             self._same_host[peer] = False
             await self.request(endpoint, [b"DROP", xid], what)
             return None
@@ -149,22 +163,33 @@ class ZmqTransport(Endpoint):
         lengths: list[int] = []
 
         async def parts() -> AsyncIterator[list[Frame]]:
-            for first, last in split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes):
+            for i, (first, last) in enumerate(split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes)):
                 start, end = span(msg.offsets, msg.total, first, last)
                 sums, written = await _write(msg.write, dst, first, last, end - start)
                 lengths.extend(written)
-                yield [b"SHMPART", xid, json.dumps(part_header(first, sums, written)).encode()]
+                head = [msg.key.encode(), msg.header_json] if spare and i == 0 else []
+                yield [b"SHMPART", xid, json.dumps(part_header(first, sums, written)).encode(), *head]
+        try:
+            reply = await self.request(endpoint, [b"SHMEND", xid], what, before=parts())
+        except TransferError as exc:
+            if spare and "unknown or expired" in str(exc):
+                raise _SpareGone() from exc
+            self.stats["shm_sent"] += 1
+            raise
         self.stats["shm_sent"] += 1
-        await self.request(endpoint, [b"SHMEND", xid], what, before=parts())
+        if len(reply) >= 4:  # a spare segment for the next message
+            self._spares[peer] = (reply[1].decode(), reply[2], int(reply[3]), time.monotonic())
         return lengths
 
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
         self._purge()
-        if kind == b"SHMPART" and len(frames) == 3:  # no answer: SHMEND is answered for the whole message
+        if kind == b"SHMPART" and len(frames) in (3, 5):  # no answer: SHMEND answers for the whole message
             lease = self._leases.get(bytes(frames[1]).decode())
-            if lease is not None:
-                await self._add(lease[1], [frames[2]], [lease[3]], whole=True)
+            if lease is not None and lease.incoming is None and len(frames) == 5:  # the first part into a spare
+                lease.incoming = self._open(bytes(frames[3]).decode(), frames[4], lease.seg.size)
+            if lease is not None and lease.incoming is not None:
+                await self._add(lease.incoming, [frames[2]], [lease.buf], whole=True)
             return None
         if kind == b"BLOB" and len(frames) >= 4:
             try:
@@ -177,14 +202,15 @@ class ZmqTransport(Endpoint):
             return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
         if kind == b"SHMEND" and len(frames) == 2:
             lease = self._leases.pop(bytes(frames[1]).decode(), None)
-            if lease is None:
+            if lease is None or lease.incoming is None:
                 return [b"ERR", b"unknown or expired shared-memory lease"]
             self.stats["shm_received"] += 1
-            return self._finish(lease[1])
+            reply = self._finish(lease.incoming)
+            return reply + self._lend(None, lease.seg.size) if reply == [b"OK"] else reply
         if kind == b"DROP" and len(frames) == 2:
             lease = self._leases.pop(bytes(frames[1]).decode(), None)
             if lease is not None:
-                self._pool.drop(lease[2])
+                self._pool.drop(lease.seg)
             return [b"OK"]
         return [b"ERR", b"unknown message"]
 
@@ -218,30 +244,48 @@ class ZmqTransport(Endpoint):
         self._deliver(incoming.key, result)
         return [b"OK"]
 
+    def _open(self, key: str, header: Frame, room: int) -> Incoming:
+        """The receiving state of a message announced in its first part (into a spare of ``room`` bytes)."""
+        try:
+            incoming = Incoming.open(key, parse_header(header))
+        except (TransferError, KeyError, ValueError, TypeError) as exc:
+            incoming = Incoming(key, {"tensors": [], "meta": {}}, [], 0)
+            incoming.error = exc if isinstance(exc, TransferError) else TransferError(f"bad message header: {exc}")
+        if incoming.total > room:
+            incoming.error = TransferError(f"message of {incoming.total} bytes does not fit the lent segment ({room})")
+        return incoming
+
     def _lease(self, key: str, header: bytes) -> list[bytes]:
         if self._pool is None:
             return [b"OK"]  # no shared memory to lend: the sender uses the socket
         try:
             incoming = Incoming.open(key, parse_header(header))
-            seg = self._pool.lease(incoming.total)
         except (TransferError, KeyError, ValueError, TypeError):
             return [b"OK"]  # let the socket copy bring the same header and fail loudly there
+        return [b"OK", *self._lend(incoming, incoming.total)]
+
+    def _lend(self, incoming: Incoming | None, nbytes: int) -> list[bytes]:
+        """Lease a segment: [name, xid, size], or nothing when /dev/shm is full or unusable."""
+        if self._pool is None:
+            return []
+        try:
+            seg = self._pool.lease(nbytes)
         except OSError:
-            return [b"OK"]  # /dev/shm full or unusable: the socket
+            return []
         xid = uuid.uuid4().hex
-        self._leases[xid] = (time.monotonic(), incoming, seg, memoryview(self._pool.view(seg, seg.size).numpy()))
-        return [b"OK", seg.name.encode(), xid.encode()]
+        self._leases[xid] = _Lease(time.monotonic(), seg, memoryview(self._pool.view(seg, seg.size).numpy()), incoming)
+        return [seg.name.encode(), xid.encode(), str(seg.size).encode()]
 
     def _purge(self) -> None:
         now = time.monotonic()
-        for xid in [x for x, lease in self._leases.items() if now - lease[0] > self.timeout]:
-            self._pool.drop(self._leases.pop(xid)[2])
+        for xid in [x for x, lease in self._leases.items() if now - lease.started > self.timeout]:
+            self._pool.drop(self._leases.pop(xid).seg)
 
     async def close(self) -> None:
         await super().close()
         self._maps.close()
-        for _, _, seg, _ in self._leases.values():
-            seg.release()
+        for lease in self._leases.values():
+            lease.seg.release()
         self._leases.clear()
         if self._pool is not None:
             self._pool.close()
@@ -255,3 +299,16 @@ class _Outgoing:
     def __init__(self, key: str, header: dict, offsets: list[int], total: int, write: Writer):
         self.key, self.header, self.header_json = key, header, json.dumps(header).encode()
         self.offsets, self.total, self.write = offsets, total, write
+
+
+@dataclass
+class _Lease:
+    """A segment lent to a sender: for the message ``incoming`` (None: a spare, until its first part)."""
+    started: float
+    seg: shm.Segment
+    buf: memoryview
+    incoming: Incoming | None
+
+
+class _SpareGone(Exception):
+    """The spare segment a peer lent is no longer there; lease a fresh one."""
