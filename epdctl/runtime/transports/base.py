@@ -125,11 +125,11 @@ class Endpoint:
         if fut is not None and not fut.done():
             fut.cancel()
 
-    async def request(self, peer_endpoint: str, frames: Sequence[Frame], what: str, copy: bool = True,
-                      before: AsyncIterator[list[Frame]] | None = None) -> list[bytes]:
+    async def request(self, peer_endpoint: str, frames: Sequence[Frame] | None, what: str, copy: bool = True,
+                      stream: AsyncIterator[list[Frame]] | None = None) -> list[bytes]:
         """One round trip to a peer's endpoint: send ``frames``, wait (bounded) for its answer.
-        ``before``: messages the peer does not answer (parts), sent on the same socket first, each
-        as soon as it is produced.
+        ``stream`` instead: messages sent on one socket as soon as each is produced, only the last
+        answered (the parts of one message).
 
         The bound is the socket's own SNDTIMEO/RCVTIMEO (pyzmq's asyncio sockets honour them),
         not asyncio.wait_for + poll, which cost a task and a poll per hand-off (~50 us)."""
@@ -137,10 +137,11 @@ class Endpoint:
         answered = False
         try:
             try:
-                if before is not None:
-                    async for msg in before:
+                if stream is not None:
+                    async for msg in stream:
                         await sock.send_multipart(msg, copy=copy)
-                await sock.send_multipart(list(frames), copy=copy)
+                if frames is not None:
+                    await sock.send_multipart(list(frames), copy=copy)
             except zmq.Again as exc:
                 raise TransferError(f"{what}: could not hand the message to {peer_endpoint} within "
                                     f"{self.timeout:g}s") from exc

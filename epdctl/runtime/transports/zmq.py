@@ -163,14 +163,16 @@ class ZmqTransport(Endpoint):
         lengths: list[int] = []
 
         async def parts() -> AsyncIterator[list[Frame]]:
-            for i, (first, last) in enumerate(split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes)):
+            cuts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes)
+            for i, (first, last) in enumerate(cuts):
                 start, end = span(msg.offsets, msg.total, first, last)
                 sums, written = await _write(msg.write, dst, first, last, end - start)
                 lengths.extend(written)
                 head = [msg.key.encode(), msg.header_json] if spare and i == 0 else []
-                yield [b"SHMPART", xid, json.dumps(part_header(first, sums, written)).encode(), *head]
+                kind = b"SHMEND" if i == len(cuts) - 1 else b"SHMPART"  # the last part closes the message
+                yield [kind, xid, json.dumps(part_header(first, sums, written)).encode(), *head]
         try:
-            reply = await self.request(endpoint, [b"SHMEND", xid], what, before=parts())
+            reply = await self.request(endpoint, None, what, stream=parts())
         except TransferError as exc:
             if spare and "unknown or expired" in str(exc):
                 raise _SpareGone() from exc
@@ -184,13 +186,20 @@ class ZmqTransport(Endpoint):
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
         self._purge()
-        if kind == b"SHMPART" and len(frames) in (3, 5):  # no answer: SHMEND answers for the whole message
-            lease = self._leases.get(bytes(frames[1]).decode())
+        if kind in (b"SHMPART", b"SHMEND") and len(frames) in (3, 5):  # SHMEND: the last part, answered
+            xid = bytes(frames[1]).decode()
+            lease = self._leases.get(xid) if kind == b"SHMPART" else self._leases.pop(xid, None)
             if lease is not None and lease.incoming is None and len(frames) == 5:  # the first part into a spare
                 lease.incoming = self._open(bytes(frames[3]).decode(), frames[4], lease.seg.size)
             if lease is not None and lease.incoming is not None:
                 await self._add(lease.incoming, [frames[2]], [lease.buf], whole=True)
-            return None
+            if kind == b"SHMPART":
+                return None
+            if lease is None or lease.incoming is None:
+                return [b"ERR", b"unknown or expired shared-memory lease"]
+            self.stats["shm_received"] += 1
+            reply = self._finish(lease.incoming)
+            return reply + self._lend(None, lease.seg.size) if reply == [b"OK"] else reply
         if kind == b"BLOB" and len(frames) >= 4:
             try:
                 incoming = Incoming.open(bytes(frames[1]).decode(), parse_header(frames[2]))
@@ -200,13 +209,6 @@ class ZmqTransport(Endpoint):
             return self._finish(incoming)
         if kind == b"SHM" and len(frames) == 3:
             return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
-        if kind == b"SHMEND" and len(frames) == 2:
-            lease = self._leases.pop(bytes(frames[1]).decode(), None)
-            if lease is None or lease.incoming is None:
-                return [b"ERR", b"unknown or expired shared-memory lease"]
-            self.stats["shm_received"] += 1
-            reply = self._finish(lease.incoming)
-            return reply + self._lend(None, lease.seg.size) if reply == [b"OK"] else reply
         if kind == b"DROP" and len(frames) == 2:
             lease = self._leases.pop(bytes(frames[1]).decode(), None)
             if lease is not None:
