@@ -1,13 +1,14 @@
-"""Pipelined hand-offs: a large message goes as parts of a few MiB, each verified on arrival.
+"""A message in parts: cut at tensor boundaries, each part checked on its own as it arrives.
 
-A message laid out by ``wire.layout`` is cut at tensor boundaries into parts of about
-``PART_BYTES``. The sender copies and hashes part i+1 while part i is on its way (ZMQ's I/O
-thread writes it to the socket, or it already lies in the receiver's shared memory), and the
-receiver checks part i's sizes and checksums while part i+1 arrives, so the two checksums and
-the copy overlap the transfer instead of adding to it. Every part carries its tensors' checksums
-and the lengths written; the closing message is acknowledged only after every part checked out,
-in order and complete, so a corrupt, truncated or missing part still fails ``send()`` and the
-receiver's ``recv()``. A tensor larger than a part is a part of its own (parts never split one).
+``split`` cuts a message laid out by ``wire.layout`` into parts of about ``PART_BYTES`` (a tensor
+is never split; with ``direct_bytes`` a large tensor is a part of its own, sent from its own
+memory). Every part carries its tensors' checksums and the lengths the sender wrote
+(``part_header``); ``Incoming`` checks each part against the message's header as it comes and
+remembers the first damage, and ``finish`` hands out the tensors (views of the received buffers)
+only when every part arrived whole and in order, so a corrupt, truncated or missing part fails
+both ``send()`` and the receiver's ``recv()``. Parts let a large shared-memory hand-off be
+checked while the rest is written, and keep socket frames of a large message under the size
+where the receiver's allocator maps fresh pages for each one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """ZMQ transport (default): wire messages over tcp:// or ipc://, or through shared memory.
 
-Either way a message is one contiguous buffer laid out by ``wire.layout``, cut into parts of a
-few MiB at tensor boundaries (``parts.py``): the sender copies and hashes part i+1 while part i
-travels, the receiver checks part i while part i+1 arrives. On the socket a part is a PART
-message (one zero-copy frame out of a pool of reused send buffers) and END closes the message;
-a one-part message is a single BLOB. A message of 256 KiB or more to a peer on this host goes
-through a segment of /dev/shm the receiver lends instead (SHM -> SHMPART per part written ->
-SHMEND; see shm.py), whether the peer shares the host being found out by the first such lease
-and remembered. Receivers hand out views into the received buffer; the closing message is
-answered only after every part checked out, so ``send()`` returning means delivered.
+A message is laid out by ``wire.layout`` and cut at tensor boundaries into parts (``parts.py``),
+each with its tensors' checksums and lengths. On the socket it is ONE message, BLOB: a tensor of
+4 MiB or more is a zero-copy frame of its own memory (hashed, not copied), runs of smaller ones
+are copied and hashed in one pass into slices of a reused send buffer. A message of 256 KiB or
+more to a peer on this host goes through a segment of /dev/shm the receiver lends instead
+(leases.py): the sender writes parts of ~16 MiB into it, SHMPART after each so the receiver
+checks it while the next is written, the last part riding on SHMEND. Each answer to SHMEND lends
+a spare segment, so the next hand-off needs no lease round trip (SHM -> lease -> SHMEND when no
+spare fits). Whether a peer shares the host is found out by the first lease and remembered.
+Receivers hand out views into the received buffer; a message is answered only after every part
+checked out, so ``send()`` returning means delivered, and damage fails both ends.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import os
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
@@ -30,6 +31,7 @@ from ..errors import TransferError
 from ..wire import Frame, describe, layout, parse_header
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
+from .leases import Leases
 from .parts import PART_BYTES, FrameWriter, Incoming, TensorWriter, Writer, part_header, span, split
 
 log = logging.getLogger(__name__)
@@ -60,7 +62,7 @@ class ZmqTransport(Endpoint):
         self._staging = shm.BufferPool()
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
-        self._leases: dict[str, _Lease] = {}
+        self._leases = Leases(self._pool, timeout)
         self._spares: dict[str, tuple[str, bytes, int, float]] = {}  # peer -> segment it lent for the next message
         self.part_bytes = PART_BYTES
         self.direct_bytes = DIRECT_BYTES
@@ -185,12 +187,12 @@ class ZmqTransport(Endpoint):
 
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
-        self._purge()
+        self._leases.purge()
         if kind in (b"SHMPART", b"SHMEND") and len(frames) in (3, 5):  # SHMEND: the last part, answered
             xid = bytes(frames[1]).decode()
-            lease = self._leases.get(xid) if kind == b"SHMPART" else self._leases.pop(xid, None)
+            lease = self._leases.open.get(xid) if kind == b"SHMPART" else self._leases.open.pop(xid, None)
             if lease is not None and lease.incoming is None and len(frames) == 5:  # the first part into a spare
-                lease.incoming = self._open(bytes(frames[3]).decode(), frames[4], lease.seg.size)
+                self._leases.announce(lease, bytes(frames[3]).decode(), frames[4])
             if lease is not None and lease.incoming is not None:
                 await self._add(lease.incoming, [frames[2]], [lease.buf], whole=True)
             if kind == b"SHMPART":
@@ -199,7 +201,7 @@ class ZmqTransport(Endpoint):
                 return [b"ERR", b"unknown or expired shared-memory lease"]
             self.stats["shm_received"] += 1
             reply = self._finish(lease.incoming)
-            return reply + self._lend(None, lease.seg.size) if reply == [b"OK"] else reply
+            return reply + self._leases.lend(None, lease.seg.size) if reply == [b"OK"] else reply
         if kind == b"BLOB" and len(frames) >= 4:
             try:
                 incoming = Incoming.open(bytes(frames[1]).decode(), parse_header(frames[2]))
@@ -208,11 +210,9 @@ class ZmqTransport(Endpoint):
             await self._add(incoming, frames[3], frames[4:], whole=False)
             return self._finish(incoming)
         if kind == b"SHM" and len(frames) == 3:
-            return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
+            return self._leases.for_message(bytes(frames[1]).decode(), bytes(frames[2]))
         if kind == b"DROP" and len(frames) == 2:
-            lease = self._leases.pop(bytes(frames[1]).decode(), None)
-            if lease is not None:
-                self._pool.drop(lease.seg)
+            self._leases.drop(bytes(frames[1]).decode())
             return [b"OK"]
         return [b"ERR", b"unknown message"]
 
@@ -246,49 +246,10 @@ class ZmqTransport(Endpoint):
         self._deliver(incoming.key, result)
         return [b"OK"]
 
-    def _open(self, key: str, header: Frame, room: int) -> Incoming:
-        """The receiving state of a message announced in its first part (into a spare of ``room`` bytes)."""
-        try:
-            incoming = Incoming.open(key, parse_header(header))
-        except (TransferError, KeyError, ValueError, TypeError) as exc:
-            incoming = Incoming(key, {"tensors": [], "meta": {}}, [], 0)
-            incoming.error = exc if isinstance(exc, TransferError) else TransferError(f"bad message header: {exc}")
-        if incoming.total > room:
-            incoming.error = TransferError(f"message of {incoming.total} bytes does not fit the lent segment ({room})")
-        return incoming
-
-    def _lease(self, key: str, header: bytes) -> list[bytes]:
-        if self._pool is None:
-            return [b"OK"]  # no shared memory to lend: the sender uses the socket
-        try:
-            incoming = Incoming.open(key, parse_header(header))
-        except (TransferError, KeyError, ValueError, TypeError):
-            return [b"OK"]  # let the socket copy bring the same header and fail loudly there
-        return [b"OK", *self._lend(incoming, incoming.total)]
-
-    def _lend(self, incoming: Incoming | None, nbytes: int) -> list[bytes]:
-        """Lease a segment: [name, xid, size], or nothing when /dev/shm is full or unusable."""
-        if self._pool is None:
-            return []
-        try:
-            seg = self._pool.lease(nbytes)
-        except OSError:
-            return []
-        xid = uuid.uuid4().hex
-        self._leases[xid] = _Lease(time.monotonic(), seg, memoryview(self._pool.view(seg, seg.size).numpy()), incoming)
-        return [seg.name.encode(), xid.encode(), str(seg.size).encode()]
-
-    def _purge(self) -> None:
-        now = time.monotonic()
-        for xid in [x for x, lease in self._leases.items() if now - lease.started > self.timeout]:
-            self._pool.drop(self._leases.pop(xid).seg)
-
     async def close(self) -> None:
         await super().close()
         self._maps.close()
-        for lease in self._leases.values():
-            lease.seg.release()
-        self._leases.clear()
+        self._leases.close()
         if self._pool is not None:
             self._pool.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
@@ -301,15 +262,6 @@ class _Outgoing:
     def __init__(self, key: str, header: dict, offsets: list[int], total: int, write: Writer):
         self.key, self.header, self.header_json = key, header, json.dumps(header).encode()
         self.offsets, self.total, self.write = offsets, total, write
-
-
-@dataclass
-class _Lease:
-    """A segment lent to a sender: for the message ``incoming`` (None: a spare, until its first part)."""
-    started: float
-    seg: shm.Segment
-    buf: memoryview
-    incoming: Incoming | None
 
 
 class _SpareGone(Exception):
