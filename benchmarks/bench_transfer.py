@@ -6,10 +6,16 @@ TCP) and a raw pyzmq ROUTER; this process sends embedding-sized and KV-sized pay
 and times ``send()`` (pack + checksum, transfer, the receiver's size/checksum check, its
 acknowledgement). Baselines side by side: raw pyzmq (the payload as one buffer, copy=False, one
 ack, no checksum), iperf3 over loopback (if installed), a plain memcpy of the same tensors into
-preallocated ones (numpy, one thread), and the wire format alone (pack + unpack, no socket). First it prints the
-checksum candidates' speed on 16 MiB. Writes benchmarks/results/transfer.json.
+preallocated ones (numpy, one thread, tensor by tensor, the destinations reused so their pages
+are already faulted in: a warm-destination memcpy, as warm as the reused segments and send
+buffers of our paths; best of the repetitions, like every column), and the wire format alone
+(pack + unpack, no socket). First it prints the checksum candidates' speed on 16 MiB. Writes
+benchmarks/results/transfer.json.
 
-    .venv/bin/python benchmarks/bench_transfer.py [--quick]
+    .venv/bin/python benchmarks/bench_transfer.py [--quick] [--kv 16,64] [--channels zmq-tcp,zmq-shm]
+
+``--kv`` measures only KV payloads of those sizes, ``--channels`` only those of our transports
+(quick iterations; the README's table is the full run).
 """
 
 from __future__ import annotations
