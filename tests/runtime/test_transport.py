@@ -357,6 +357,20 @@ def test_spare_segment_gone_falls_back_to_a_fresh_lease():
     with_pair("zmq", fn)
 
 
+def test_spare_lease_forgotten_by_the_receiver_is_answered_and_the_send_retried():
+    big = {"x": torch.randn(2**18)}
+
+    async def fn(a, b):
+        await a.send(b.address, "q1", {}, big)
+        await b.recv("q1", 5)
+        b._leases.open.clear()  # the segment still exists, the receiver no longer knows the lease
+        await a.send(b.address, "q2", {}, big)  # SHMEND is refused, then a fresh lease carries it
+        assert torch.equal((await b.recv("q2", 5))[1]["x"], big["x"])
+        assert a.stats["failures"] == 0 and b.stats["failures"] == 0 and a.stats["shm_sent"] == 2
+
+    with_pair("zmq", fn)
+
+
 def test_split_cuts_at_tensor_boundaries_and_isolates_large_tensors():
     from epdctl.runtime.transports.parts import split
     from epdctl.runtime.wire import layout
