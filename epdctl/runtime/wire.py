@@ -29,7 +29,7 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int8, torch.uint8, torch.bool)}
 
 Frame = bytes | memoryview
-_CHUNK = 512 * 1024  # pack_into copies and hashes in pieces that stay in cache between the two
+_CHUNK = 512 * 1024  # pack_part copies and hashes in pieces that stay in cache between the two
 
 
 def checksum(buf: Frame) -> int:
@@ -76,19 +76,6 @@ def pack(meta: dict, tensors: dict[str, torch.Tensor]) -> list[Frame]:
     for entry, raw in zip(header["tensors"], bufs):
         entry["xxh3"] = checksum(raw)
     return [json.dumps(header).encode(), *bufs]
-
-
-def pack_into(header: dict, bufs: list[memoryview], dst: np.ndarray) -> bytes:
-    """``pack`` + ``fill`` in one pass: copy each buffer to its ``layout`` slot in ``dst`` and hash
-    it while it is still in cache (the source's checksum, so the receiver checks end to end)."""
-    table = header["tensors"]
-    offsets, total = layout(table)
-    if dst.nbytes < total:
-        raise TransferError(f"destination buffer of {dst.nbytes} bytes is smaller than the message ({total})")
-    sums, _ = pack_part(table, bufs, offsets, dst, 0, len(table))
-    for entry, s in zip(table, sums):
-        entry["xxh3"] = s
-    return json.dumps(header).encode()
 
 
 def pack_part(table: list[dict], bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray,

@@ -14,7 +14,7 @@ import torch
 from epdctl.runtime.errors import TransferError
 from epdctl.runtime.sampling import SamplingParams
 from epdctl.runtime.transports import open_transport
-from epdctl.runtime.wire import (embeds_to_tensors, kv_to_tensors, pack, tensors_to_embeds,
+from epdctl.runtime.wire import (embeds_to_tensors, kv_to_tensors, pack, parse_header, tensors_to_embeds,
                                  tensors_to_prefill_result, unpack)
 from epdctl.runtime.encoder_engine import EncodedImage
 from epdctl.runtime.prefill_engine import PrefillResult
@@ -238,18 +238,21 @@ def test_peer_on_another_host_falls_back_to_the_socket(tmp_path):
     with_pair("zmq", fn)
 
 
-def test_pack_into_equals_pack_then_fill_for_chunked_and_odd_sizes():
+def test_pack_part_equals_pack_then_fill_for_chunked_and_odd_sizes():
     import numpy as np
 
-    from epdctl.runtime.wire import describe, fill, layout, pack_into, unpack_written
+    from epdctl.runtime.wire import describe, fill, layout, pack_part, unpack_written
 
     tensors = {"big": torch.randn(300_001), "odd": torch.arange(13, dtype=torch.int16), "e": torch.empty(0)}
     frames = pack({"m": 2}, tensors)
     header, bufs = describe({"m": 2}, tensors)
-    total = layout(header["tensors"])[1]
+    offsets, total = layout(header["tensors"])
     a, b = np.zeros(total, np.uint8), np.zeros(total, np.uint8)
     lengths = fill(frames[0], frames[1:], a)
-    assert pack_into(header, bufs, b) == bytes(frames[0]) and np.array_equal(a, b)
+    sums, written = pack_part(header["tensors"], bufs, offsets, b, 0, 1)  # in two parts: the big one first
+    more_sums, more_written = pack_part(header["tensors"], bufs, offsets, b, 1, 3)
+    assert np.array_equal(a, b) and written + more_written == lengths
+    assert sums + more_sums == [e["xxh3"] for e in parse_header(frames[0])["tensors"]]
     meta, got = unpack_written(frames[0], torch.from_numpy(b), lengths)
     assert meta == {"m": 2}
     assert_same(tensors, got)
