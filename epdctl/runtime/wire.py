@@ -29,7 +29,7 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int8, torch.uint8, torch.bool)}
 
 Frame = bytes | memoryview
-_CHUNK = 512 * 1024  # pack_into copies and hashes in pieces that stay in cache between the two
+_CHUNK = 512 * 1024  # pack_part copies and hashes in pieces that stay in cache between the two
 
 
 def checksum(buf: Frame) -> int:
@@ -78,25 +78,26 @@ def pack(meta: dict, tensors: dict[str, torch.Tensor]) -> list[Frame]:
     return [json.dumps(header).encode(), *bufs]
 
 
-def pack_into(header: dict, bufs: list[memoryview], dst: np.ndarray) -> bytes:
-    """``pack`` + ``fill`` in one pass: copy each buffer to its ``layout`` slot in ``dst`` and hash
-    it while it is still in cache (the source's checksum, so the receiver checks end to end)."""
-    offsets, total = layout(header["tensors"])
-    if dst.nbytes < total:
-        raise TransferError(f"destination buffer of {dst.nbytes} bytes is smaller than the message ({total})")
-    for entry, raw, off in zip(header["tensors"], bufs, offsets):
+def pack_part(table: list[dict], bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray,
+              first: int, last: int) -> tuple[list[int], list[int]]:
+    """Copy tensors ``first..last-1`` to their ``offsets`` in ``dst``, hashing each piece while it is
+    in cache; their checksums and lengths (``dst`` must hold the layout)."""
+    sums, lengths = [], []
+    for i in range(first, last):
+        raw, off = bufs[i], offsets[i]
         src = np.frombuffer(raw, dtype=np.uint8)
+        lengths.append(src.nbytes)
         if src.nbytes <= _CHUNK:
             dst[off:off + src.nbytes] = src
-            entry["xxh3"] = checksum(raw)
+            sums.append(checksum(raw))
             continue
         h = xxhash.xxh3_64()
         for start in range(0, src.nbytes, _CHUNK):
             end = min(start + _CHUNK, src.nbytes)
             dst[off + start:off + end] = src[start:end]
-            h.update(raw[start:end])
-        entry["xxh3"] = h.intdigest()
-    return json.dumps(header).encode()
+            h.update(src[start:end])
+        sums.append(h.intdigest())
+    return sums, lengths
 
 
 def parse_header(frame: Frame) -> dict:
@@ -138,6 +139,12 @@ def _view_or_copy(mv: memoryview, dtype: torch.dtype, shape: list[int]) -> torch
     return t
 
 
+def tensor_from(entry: dict, mv: memoryview) -> torch.Tensor:
+    """One tensor's bytes checked against its header ``entry`` (size, checksum, shape), as a view
+    of ``mv`` when writable and aligned, else a copy."""
+    return _view_or_copy(mv, _check(entry, mv), entry["shape"])
+
+
 def unpack(frames: Sequence[Frame]) -> tuple[dict, dict[str, torch.Tensor]]:
     """Validate sizes and checksums; tensors are views into writable frames (copies of read-only ones)."""
     if not frames:
@@ -171,8 +178,9 @@ def unpack_contiguous(header_frame: Frame | dict, buf: torch.Tensor) -> tuple[di
     header = header_frame if isinstance(header_frame, dict) else parse_header(header_frame)
     table = header["tensors"]
     offsets, total = layout(table)
-    if buf.numel() < total:
-        raise TransferError(f"wire message truncated: buffer of {buf.numel()} bytes, layout needs {total}")
+    need = offsets[-1] + table[-1]["nbytes"] if table else 0  # the last tensor's padding may be absent
+    if buf.numel() < need:
+        raise TransferError(f"wire message truncated: buffer of {buf.numel()} bytes, layout needs {need}")
     raw = memoryview(buf.numpy())
     typed: dict[torch.dtype, torch.Tensor] = {}  # buf as each dtype once: a tensor is then one as_strided
     tensors: dict[str, torch.Tensor] = {}
@@ -181,13 +189,14 @@ def unpack_contiguous(header_frame: Frame | dict, buf: torch.Tensor) -> tuple[di
         shape = entry["shape"]
         whole = typed.get(dtype)
         if whole is None:
-            whole = typed[dtype] = buf[:total].view(dtype)
+            size = _ITEMSIZE[entry["dtype"]]
+            whole = typed[dtype] = buf[:min(total, buf.numel()) // size * size].view(dtype)
         size = _ITEMSIZE[entry["dtype"]]
         strides, step = [], 1
         for d in reversed(shape):
             strides.append(step)
             step *= int(d)
-        tensors[entry["name"]] = whole.as_strided(shape, strides[::-1], off // size)
+        tensors[entry["name"]] = whole.as_strided(shape, strides[::-1], whole.storage_offset() + off // size)
     return header["meta"], tensors
 
 

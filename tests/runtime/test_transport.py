@@ -14,7 +14,7 @@ import torch
 from epdctl.runtime.errors import TransferError
 from epdctl.runtime.sampling import SamplingParams
 from epdctl.runtime.transports import open_transport
-from epdctl.runtime.wire import (embeds_to_tensors, kv_to_tensors, pack, tensors_to_embeds,
+from epdctl.runtime.wire import (embeds_to_tensors, kv_to_tensors, pack, parse_header, tensors_to_embeds,
                                  tensors_to_prefill_result, unpack)
 from epdctl.runtime.encoder_engine import EncodedImage
 from epdctl.runtime.prefill_engine import PrefillResult
@@ -189,9 +189,12 @@ def test_same_host_large_payload_goes_through_shared_memory_and_segments_are_reu
         got["k0"].add_(1)  # received tensors are writable views, the sender's are untouched
         assert not torch.equal(got["k0"], big["k0"])
         del got
-        await a.send(b.address, "s2", {}, big)
+        await a.send(b.address, "s2", {}, big)  # into the spare segment lent with the first answer
         assert_same(big, (await b.recv("s2", 5))[1])
-        assert b._pool.stats == {"segments_created": 1, "segments_reused": 1}
+        await a.send(b.address, "s3", {}, big)
+        assert_same(big, (await b.recv("s3", 5))[1])
+        # one segment for s1, the spare (s2) lent while s1's tensors lived; then s1's comes back
+        assert b._pool.stats == {"segments_created": 2, "segments_reused": 2} and a.stats["shm_sent"] == 3
 
     with_pair("zmq", fn)
 
@@ -230,23 +233,26 @@ def test_peer_on_another_host_falls_back_to_the_socket(tmp_path):
             await a.send(b.address, key, {}, big)
             assert torch.equal((await b.recv(key, 5))[1]["x"], big["x"])
         assert a.stats["shm_sent"] == 0 and a._same_host == {b.address: False}
-        assert not b._leases  # the one lease asked for was returned
+        assert not b._leases.open  # the one lease asked for was returned
 
     with_pair("zmq", fn)
 
 
-def test_pack_into_equals_pack_then_fill_for_chunked_and_odd_sizes():
+def test_pack_part_equals_pack_then_fill_for_chunked_and_odd_sizes():
     import numpy as np
 
-    from epdctl.runtime.wire import describe, fill, layout, pack_into, unpack_written
+    from epdctl.runtime.wire import describe, fill, layout, pack_part, unpack_written
 
     tensors = {"big": torch.randn(300_001), "odd": torch.arange(13, dtype=torch.int16), "e": torch.empty(0)}
     frames = pack({"m": 2}, tensors)
     header, bufs = describe({"m": 2}, tensors)
-    total = layout(header["tensors"])[1]
+    offsets, total = layout(header["tensors"])
     a, b = np.zeros(total, np.uint8), np.zeros(total, np.uint8)
     lengths = fill(frames[0], frames[1:], a)
-    assert pack_into(header, bufs, b) == bytes(frames[0]) and np.array_equal(a, b)
+    sums, written = pack_part(header["tensors"], bufs, offsets, b, 0, 1)  # in two parts: the big one first
+    more_sums, more_written = pack_part(header["tensors"], bufs, offsets, b, 1, 3)
+    assert np.array_equal(a, b) and written + more_written == lengths
+    assert sums + more_sums == [e["xxh3"] for e in parse_header(frames[0])["tensors"]]
     meta, got = unpack_written(frames[0], torch.from_numpy(b), lengths)
     assert meta == {"m": 2}
     assert_same(tensors, got)
@@ -283,3 +289,98 @@ def test_segments_of_a_killed_receiver_are_swept_by_the_next_one():
         assert shm.sweep_dead() == 0 and os.path.exists(os.path.join(shm.SHM_DIR, seg.name))  # alive: kept
     finally:
         mine.close()
+
+
+def kv_like(n: int, numel: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(n)
+    return {f"t{i}": torch.randn(numel, generator=g).bfloat16() if i % 2 else torch.randn(numel, generator=g)
+            for i in range(n)}
+
+
+@pytest.mark.parametrize("use_shm", [False, True])
+def test_message_in_many_parts_arrives_whole(use_shm):
+    """Parts of 64 KiB (shared memory) and tensors sent from their own memory (socket): many
+    parts, odd sizes, every dtype; the receiver gets exactly the tensors."""
+    tensors = {**kv_like(9, 20_011), **sample_tensors(), "big": torch.randn(300_000)}
+
+    async def fn(a, b):
+        a.use_shm = use_shm
+        a.part_bytes, a.direct_bytes = 64 * 1024, 100_000
+        for key in ("m1", "m2"):
+            await a.send(b.address, key, {"k": key}, tensors)
+            meta, got = await b.recv(key, 5)
+            assert meta == {"k": key}
+            assert_same(tensors, got)
+        assert a.stats["shm_sent"] == (2 if use_shm else 0)
+
+    with_pair("zmq", fn)
+
+
+@pytest.mark.parametrize("use_shm", [False, True])
+@pytest.mark.parametrize("damage", ["corrupt-late-part", "missing-late-buffer", "over-long-direct"])
+def test_damage_in_a_later_part_raises_on_both_ends(use_shm, damage):
+    tensors = kv_like(6, 30_000)
+    frames = pack({}, tensors)
+    bad = list(frames)
+    if damage == "corrupt-late-part":
+        body = bytearray(bad[5])
+        body[100] ^= 1
+        bad[5] = bytes(body)
+    elif damage == "missing-late-buffer":
+        bad = bad[:-1]
+    else:
+        bad[4] = bytes(bad[4]) + b"\0"
+
+    async def fn(a, b):
+        a.use_shm, a.shm_min_bytes = use_shm, 0
+        a.part_bytes, a.direct_bytes = 100_000, 100_000
+        with pytest.raises(TransferError):
+            await a.send_frames(b.address, "bad", bad)
+        with pytest.raises(TransferError, match="checksum|truncated"):
+            await b.recv("bad", 5)
+        await a.send(b.address, "good", {}, tensors)  # the endpoints keep working
+        assert_same(tensors, (await b.recv("good", 5))[1])
+
+    with_pair("zmq", fn)
+
+
+def test_spare_segment_gone_falls_back_to_a_fresh_lease():
+    big = {"x": torch.randn(2**18)}
+
+    async def fn(a, b):
+        await a.send(b.address, "p1", {}, big)
+        await b.recv("p1", 5)
+        assert b.address in a._spares
+        for xid in list(b._leases.open):  # the receiver dropped its spare (as on expiry)
+            b._leases.drop(xid)
+        await a.send(b.address, "p2", {}, big)
+        assert torch.equal((await b.recv("p2", 5))[1]["x"], big["x"])
+        assert a.stats["failures"] == 0 and a.stats["shm_sent"] == 2
+
+    with_pair("zmq", fn)
+
+
+def test_spare_lease_forgotten_by_the_receiver_is_answered_and_the_send_retried():
+    big = {"x": torch.randn(2**18)}
+
+    async def fn(a, b):
+        await a.send(b.address, "q1", {}, big)
+        await b.recv("q1", 5)
+        b._leases.open.clear()  # the segment still exists, the receiver no longer knows the lease
+        await a.send(b.address, "q2", {}, big)  # SHMEND is refused, then a fresh lease carries it
+        assert torch.equal((await b.recv("q2", 5))[1]["x"], big["x"])
+        assert a.stats["failures"] == 0 and b.stats["failures"] == 0 and a.stats["shm_sent"] == 2
+
+    with_pair("zmq", fn)
+
+
+def test_split_cuts_at_tensor_boundaries_and_isolates_large_tensors():
+    from epdctl.runtime.transports.parts import split
+    from epdctl.runtime.wire import layout
+
+    table = [{"nbytes": n} for n in (10, 10, 500, 10, 10, 10, 300, 5)]
+    offsets, total = layout(table)
+    assert split(table, offsets, total, part_bytes=1 << 20) == [(0, 8)]
+    assert split(table, offsets, total, part_bytes=1 << 20, direct_bytes=300) == [(0, 2), (2, 3), (3, 6), (6, 7), (7, 8)]
+    # offsets 0, 64, 128, 640, 704, 768, 832, 1152 (64-byte slots): a part closes once it spans 100
+    assert split(table, offsets, total, part_bytes=100) == [(0, 2), (2, 3), (3, 5), (5, 7), (7, 8)]

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import socket
 import time
-from typing import Sequence
+from typing import AsyncIterator, Sequence
 
 import torch
 import zmq
@@ -82,9 +82,10 @@ class Endpoint:
             except Exception as exc:  # never let one bad message stop the endpoint
                 log.exception("transport endpoint: message failed")
                 reply = [b"ERR", f"receiver failed: {exc}".encode()]
-            await self.router.send_multipart([ident, *reply])
+            if reply is not None:  # None: a message that is answered later (a part of a larger one)
+                await self.router.send_multipart([ident, *reply])
 
-    async def _handle(self, frames: list[memoryview]) -> list[bytes]:
+    async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         raise NotImplementedError
 
     def _deliver(self, key: str, result: object) -> None:
@@ -124,8 +125,11 @@ class Endpoint:
         if fut is not None and not fut.done():
             fut.cancel()
 
-    async def request(self, peer_endpoint: str, frames: Sequence[Frame], what: str, copy: bool = True) -> list[bytes]:
+    async def request(self, peer_endpoint: str, frames: Sequence[Frame] | None, what: str, copy: bool = True,
+                      stream: AsyncIterator[list[Frame]] | None = None) -> list[bytes]:
         """One round trip to a peer's endpoint: send ``frames``, wait (bounded) for its answer.
+        ``stream`` instead: messages sent on one socket as soon as each is produced, only the last
+        answered (the parts of one message).
 
         The bound is the socket's own SNDTIMEO/RCVTIMEO (pyzmq's asyncio sockets honour them),
         not asyncio.wait_for + poll, which cost a task and a poll per hand-off (~50 us)."""
@@ -133,7 +137,11 @@ class Endpoint:
         answered = False
         try:
             try:
-                await sock.send_multipart(list(frames), copy=copy)
+                if stream is not None:
+                    async for msg in stream:
+                        await sock.send_multipart(msg, copy=copy)
+                if frames is not None:
+                    await sock.send_multipart(list(frames), copy=copy)
             except zmq.Again as exc:
                 raise TransferError(f"{what}: could not hand the message to {peer_endpoint} within "
                                     f"{self.timeout:g}s") from exc
@@ -142,7 +150,7 @@ class Endpoint:
             except zmq.Again as exc:
                 raise TransferError(f"{what}: no answer from {peer_endpoint} within {self.timeout:g}s; "
                                     "is the peer running and reachable?") from exc
-            answered = True
+            answered = bool(reply) and reply[0] == b"OK"  # after a refusal a late answer may follow: new socket
         except zmq.ZMQError as exc:
             raise TransferError(f"{what}: {peer_endpoint}: {exc}") from exc
         finally:

@@ -1,49 +1,50 @@
 """ZMQ transport (default): wire messages over tcp:// or ipc://, or through shared memory.
 
-Either way a message is one contiguous buffer laid out by ``wire.layout``, written by one pass
-that copies and hashes each tensor (``wire.pack_into``), with the header and the lengths written:
-BLOB carries it as one zero-copy frame (from a pool of reused send buffers); a message of 256 KiB
-or more to a peer on this host goes through a segment of /dev/shm the receiver lends instead (SHM
--> the sender writes -> SHMDONE; see shm.py), whether the peer shares the host being found out by
-the first such lease and remembered. The receiver checks lengths and checksums and hands out
-views into the buffer; every message is answered only after that, so ``send()`` returning means
-delivered.
+A message is laid out by ``wire.layout`` and cut at tensor boundaries into parts (``parts.py``),
+each with its tensors' checksums and lengths. On the socket it is ONE message, BLOB: a tensor of
+4 MiB or more is a zero-copy frame of its own memory (hashed, not copied), runs of smaller ones
+are copied and hashed in one pass into slices of a reused send buffer. A message of 256 KiB or
+more to a peer on this host goes through a segment of /dev/shm the receiver lends instead
+(leases.py): the sender writes parts of ~16 MiB into it, SHMPART after each so the receiver
+checks it while the next is written, the last part riding on SHMEND. Each answer to SHMEND lends
+a spare segment, so the next hand-off needs no lease round trip (SHM -> lease -> SHMEND when no
+spare fits). Whether a peer shares the host is found out by the first lease and remembered.
+Receivers hand out views into the received buffer; a message is answered only after every part
+checked out, so ``send()`` returning means delivered, and damage fails both ends.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import tempfile
 import time
 import uuid
-from typing import Callable, Sequence
+from typing import AsyncIterator, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import TransferError
-from ..wire import Frame, describe, fill, layout, pack_into, parse_header, unpack_written
+from ..wire import Frame, describe, layout, parse_header
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
+from .leases import Leases
+from .parts import PART_BYTES, FrameWriter, Incoming, TensorWriter, Writer, part_header, span, split
 
+log = logging.getLogger(__name__)
 ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq's zero-copy bookkeeping costs more
 SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
-_THREAD_BYTES = 32 << 20    # copy + hash larger messages in a thread so the event loop keeps serving
-Writer = Callable[[np.ndarray], tuple[list[int], bytes]]  # fills a buffer: (lengths, header with checksums)
+_THREAD_BYTES = 32 << 20    # copy + hash larger parts in a thread so the event loop keeps serving
+DIRECT_BYTES = 4 << 20      # tensors this large go on the socket from their own memory (smaller: a copy beats a zero-copy frame)
 
 
-async def _maybe_thread(write: Writer, dst: np.ndarray, total: int) -> tuple[list[int], bytes]:
-    return await asyncio.to_thread(write, dst) if total >= _THREAD_BYTES else write(dst)
-
-
-def _as_tensor(frame: memoryview) -> torch.Tensor:
-    """A received frame as a uint8 tensor without copying (copied only if read-only or misaligned)."""
-    arr = np.frombuffer(frame, dtype=np.uint8)
-    if frame.readonly or arr.ctypes.data % 8:
-        arr = arr.copy()
-    return torch.from_numpy(arr)
+async def _write(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[list[int], list[int]]:
+    if nbytes >= _THREAD_BYTES:
+        return await asyncio.to_thread(write, dst, first, last)
+    return write(dst, first, last)
 
 
 class ZmqTransport(Endpoint):
@@ -61,7 +62,10 @@ class ZmqTransport(Endpoint):
         self._staging = shm.BufferPool()
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
-        self._leases: dict[str, tuple[float, str, bytes, shm.Segment]] = {}
+        self._leases = Leases(self._pool, timeout)
+        self._spares: dict[str, tuple[str, bytes, int, float]] = {}  # peer -> segment it lent for the next message
+        self.part_bytes = PART_BYTES
+        self.direct_bytes = DIRECT_BYTES
         self.stats.update({"shm_sent": 0, "shm_received": 0})
 
     @classmethod
@@ -80,130 +84,185 @@ class ZmqTransport(Endpoint):
 
     async def send(self, peer: str, key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> int:
         header, bufs = describe(meta, tensors)
-
-        def write(dst: np.ndarray) -> tuple[list[int], bytes]:  # copy + checksum in one pass
-            return [b.nbytes for b in bufs], pack_into(header, bufs, dst)
-
-        return await self._send(peer, key, header, write)
+        return await self._send(peer, key, header, lambda offsets, _: TensorWriter(header["tensors"], bufs, offsets))
 
     async def send_frames(self, peer: str, key: str, frames: Sequence[Frame]) -> int:
         """Send already-packed frames (tests use it to put damaged payloads on a real socket)."""
-        header = bytes(frames[0])
-        return await self._send(peer, key, parse_header(header),
-                                lambda dst: (fill(header, frames[1:], dst), header))
+        header = parse_header(frames[0])
+        return await self._send(peer, key, header,
+                                lambda offsets, total: FrameWriter(header["tensors"], frames[1:], offsets, total))
 
-    async def _send(self, peer: str, key: str, header: dict, write: Writer) -> int:
-        """Through shared memory when the peer is on this host, else as one buffer on the socket."""
+    async def _send(self, peer: str, key: str, header: dict, writer: Callable[[list[int], int], Writer]) -> int:
+        """Through shared memory when the peer is on this host, else on the socket."""
         if not peer.startswith("zmq+"):
             raise TransferError(f"peer {peer!r} is not a zmq address (zmq+tcp://... or zmq+ipc://...)")
-        total = layout(header["tensors"])[1]
+        offsets, total = layout(header["tensors"])
+        msg = _Outgoing(key, header, offsets, total, writer(offsets, total))
         try:
             shm_ok = self.use_shm and total >= self.shm_min_bytes and self._same_host.get(peer, True)
-            lengths = await self._send_shm(peer, key, json.dumps(header).encode(), total, write) if shm_ok else None
+            lengths = await self._send_shm(peer, msg) if shm_ok else None
             if lengths is None:
-                lengths = await self._send_blob(peer, key, total, write)
+                lengths = await self._send_socket(peer, msg)
         except TransferError:
             self.stats["failures"] += 1
             raise
-        self.stats["bytes_sent"] += sum(lengths)
+        sent = sum(n for n in lengths if n > 0)
+        self.stats["bytes_sent"] += sent
         self.stats["transfers_sent"] += 1
-        return sum(lengths)
+        return sent
 
-    async def _send_blob(self, peer: str, key: str, total: int, write: Writer) -> list[int]:
-        """The whole message as ONE zero-copy frame (laid out like the shared-memory path): one
-        part on the wire instead of one per tensor, which halves the time for a 56-tensor KV."""
-        staging = self._staging.take(total)
-        lengths, final = await _maybe_thread(write, staging, total)
-        await self.request(peer[4:], [b"BLOB", key.encode(), final, json.dumps(lengths).encode(), staging[:total]],
-                           f"send {key!r}", copy=total < ZERO_COPY_BYTES)
+    async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
+        """One BLOB: each large tensor a zero-copy frame of its own memory (hashed, not copied),
+        runs of small ones copied and hashed into slices of a reused send buffer."""
+        parts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes, self.direct_bytes)
+        staging = self._staging.take(msg.total)
+        descs, frames, lengths = [], [], []
+        for first, last in parts:
+            if last - first == 1 and msg.header["tensors"][first]["nbytes"] >= self.direct_bytes:
+                frame, digest, n = msg.write.direct(first)
+                sums, written = [digest], [n]
+            else:
+                start, end = span(msg.offsets, msg.total, first, last)
+                sums, written = await _write(msg.write, staging, first, last, end - start)
+                frame = memoryview(staging[start:end])
+            descs.append(part_header(first, sums, written))
+            frames.append(frame)
+            lengths.extend(written)
+        await self.request(peer[4:], [b"BLOB", msg.key.encode(), msg.header_json, json.dumps(descs).encode(), *frames],
+                           f"send {msg.key!r}", copy=msg.total < ZERO_COPY_BYTES)
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 
-    async def _send_shm(self, peer: str, key: str, header: bytes, total: int, write: Writer) -> list[int] | None:
-        """Lease a segment of the peer's for the message laid out by ``header`` and ``write`` into
-        it; the lengths written, or None when the peer is not on this host."""
-        endpoint = peer[4:]
-        reply = await self.request(endpoint, [b"SHM", key.encode(), header], f"send {key!r}")
+    async def _send_shm(self, peer: str, msg: "_Outgoing") -> list[int] | None:
+        """Write the message into a segment the peer lent, part by part (SHMPART after each, so the
+        receiver checks one while the next is written), then SHMEND. The segment is the spare the
+        peer lent with its last answer when that fits (no lease round trip), else one leased now.
+        The lengths written, or None when the peer is not on this host."""
+        endpoint, what = peer[4:], f"send {msg.key!r}"
+        spare = self._spares.pop(peer, None)
+        if spare is not None and spare[2] >= msg.total and time.monotonic() - spare[3] < self.timeout / 2:
+            try:
+                return await self._write_shm(peer, msg, spare[0], spare[1], spare=True)
+            except _SpareGone:
+                pass  # purged, or the receiver restarted: lease one now
+        reply = await self.request(endpoint, [b"SHM", msg.key.encode(), msg.header_json], what)
         if len(reply) < 3:  # the receiver has no shared memory to lend
             self._same_host[peer] = False
             return None
-        name, xid = reply[1].decode(), reply[2]
+        return await self._write_shm(peer, msg, reply[1].decode(), reply[2], spare=False)
+
+    async def _write_shm(self, peer: str, msg: "_Outgoing", name: str, xid: bytes, spare: bool) -> list[int] | None:
+        endpoint, what = peer[4:], f"send {msg.key!r}"
         try:
-            dst = self._maps.open(name, total)
+            dst = self._maps.open(name, msg.total)
         except OSError:
+            if spare:
+                raise _SpareGone() from None
             self._same_host[peer] = False
-            await self.request(endpoint, [b"DROP", xid], f"send {key!r}")
+            await self.request(endpoint, [b"DROP", xid], what)
             return None
         self._same_host[peer] = True
-        lengths, final = await _maybe_thread(write, dst, total)
-        del dst
+        lengths: list[int] = []
+
+        async def parts() -> AsyncIterator[list[Frame]]:
+            cuts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes)
+            for i, (first, last) in enumerate(cuts):
+                start, end = span(msg.offsets, msg.total, first, last)
+                sums, written = await _write(msg.write, dst, first, last, end - start)
+                lengths.extend(written)
+                head = [msg.key.encode(), msg.header_json] if spare and i == 0 else []
+                kind = b"SHMEND" if i == len(cuts) - 1 else b"SHMPART"  # the last part closes the message
+                yield [kind, xid, json.dumps(part_header(first, sums, written)).encode(), *head]
+        try:
+            reply = await self.request(endpoint, None, what, stream=parts())
+        except TransferError as exc:
+            if spare and "unknown or expired" in str(exc):
+                raise _SpareGone() from exc
+            self.stats["shm_sent"] += 1
+            raise
         self.stats["shm_sent"] += 1
-        await self.request(endpoint, [b"SHMDONE", xid, json.dumps(lengths).encode(), final], f"send {key!r}")
+        if len(reply) >= 4:  # a spare segment for the next message
+            self._spares[peer] = (reply[1].decode(), reply[2], int(reply[3]), time.monotonic())
         return lengths
 
-    async def _handle(self, frames: list[memoryview]) -> list[bytes]:
+    async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
-        self._purge()
-        if kind == b"BLOB" and len(frames) == 5:
-            key, header, lengths = bytes(frames[1]).decode(), bytes(frames[2]), json.loads(bytes(frames[3]))
-            buf = _as_tensor(frames[4])
-            return await self._verified(key, lambda: unpack_written(header, buf, lengths), sum(lengths))
-        if kind == b"SHM" and len(frames) == 3:
-            return self._lease(bytes(frames[1]).decode(), bytes(frames[2]))
-        if kind == b"SHMDONE" and len(frames) == 4:
-            lease = self._leases.pop(bytes(frames[1]).decode(), None)
-            if lease is None:
+        self._leases.purge()
+        if kind in (b"SHMPART", b"SHMEND") and len(frames) in (3, 5):  # SHMEND: the last part, answered
+            xid = bytes(frames[1]).decode()
+            lease = self._leases.open.get(xid) if kind == b"SHMPART" else self._leases.open.pop(xid, None)
+            if lease is not None and lease.incoming is None and len(frames) == 5:  # the first part into a spare
+                self._leases.announce(lease, bytes(frames[3]).decode(), frames[4])
+            if lease is not None and lease.incoming is not None:
+                await self._add(lease.incoming, [frames[2]], [lease.buf], whole=True)
+            if kind == b"SHMPART":
+                return None
+            if lease is None or lease.incoming is None:
                 return [b"ERR", b"unknown or expired shared-memory lease"]
-            _, key, header, seg = lease
-            lengths = json.loads(bytes(frames[2]))
-            header = bytes(frames[3])  # the checksums were filled in while writing
-            buf = self._pool.view(seg, seg.size)
             self.stats["shm_received"] += 1
-            return await self._verified(key, lambda: unpack_written(header, buf, lengths), sum(lengths))
+            reply = self._finish(lease.incoming)
+            return reply + self._leases.lend(None, lease.seg.size) if reply == [b"OK"] else reply
+        if kind == b"BLOB" and len(frames) >= 4:
+            try:
+                incoming = Incoming.open(bytes(frames[1]).decode(), parse_header(frames[2]))
+            except (TransferError, KeyError, TypeError, ValueError) as exc:
+                return [b"ERR", f"bad message header: {exc}".encode()]
+            await self._add(incoming, frames[3], frames[4:], whole=False)
+            return self._finish(incoming)
+        if kind == b"SHM" and len(frames) == 3:
+            return self._leases.for_message(bytes(frames[1]).decode(), bytes(frames[2]))
         if kind == b"DROP" and len(frames) == 2:
-            lease = self._leases.pop(bytes(frames[1]).decode(), None)
-            if lease is not None:
-                self._pool.drop(lease[3])
+            self._leases.drop(bytes(frames[1]).decode())
             return [b"OK"]
         return [b"ERR", b"unknown message"]
 
-    def _lease(self, key: str, header: bytes) -> list[bytes]:
-        if self._pool is None:
-            return [b"OK"]  # no shared memory to lend: the sender uses the socket
+    async def _add(self, incoming: Incoming, descs: Frame | list[Frame], bufs: list[memoryview], whole: bool) -> None:
+        """Check parts (``descs``: their JSON headers, one list or one each) in ``bufs`` (one each,
+        or the whole layout once); in a thread when they are large. Never raises: ``finish`` reports."""
         try:
-            total = layout(parse_header(header)["tensors"])[1]
-            seg = self._pool.lease(total)
-        except (TransferError, KeyError, ValueError, TypeError):
-            return [b"OK"]  # let the socket copy bring the same header and fail loudly there
-        except OSError:
-            return [b"OK"]  # /dev/shm full or unusable: the socket
-        xid = uuid.uuid4().hex
-        self._leases[xid] = (time.monotonic(), key, header, seg)
-        return [b"OK", seg.name.encode(), xid.encode()]
+            parts = json.loads(bytes(descs)) if not isinstance(descs, list) else [json.loads(bytes(d)) for d in descs]
+            if not isinstance(parts, list) or (not whole and len(parts) != len(bufs)):
+                raise TransferError(f"transfer of {incoming.key!r} truncated: {len(bufs)} buffers for "
+                                    f"{len(parts) if isinstance(parts, list) else '?'} parts")
 
-    async def _verified(self, key: str, check: Callable[[], object], nbytes: int) -> list[bytes]:
-        """Run ``check`` (verify + build tensors) and answer OK, or ERR with its TransferError."""
-        self.stats["bytes_received"] += nbytes
+            def check(_: object) -> None:
+                for i, part in enumerate(parts):
+                    incoming.add(part, bufs[0 if whole else i], whole)
+            await verify(check, None, sum(incoming.size_of(p) for p in parts))
+        except Exception as exc:  # a part is never answered on its own: its message's end reports it
+            if not isinstance(exc, TransferError):
+                log.exception("transport endpoint: part of %r failed", incoming.key)
+            incoming.error = incoming.error or (exc if isinstance(exc, TransferError)
+                                                else TransferError(f"receiver failed: {exc}"))
+
+    def _finish(self, incoming: Incoming) -> list[bytes]:
+        """Deliver a whole message (or its error) to its ``recv`` and answer the sender."""
+        self.stats["bytes_received"] += incoming.received
         try:
-            result = await verify(lambda _: check(), None, nbytes)
+            result = incoming.finish()
         except TransferError as exc:
-            self._deliver(key, exc)
+            self._deliver(incoming.key, exc)
             return [b"ERR", str(exc).encode()]
-        self._deliver(key, result)
+        self._deliver(incoming.key, result)
         return [b"OK"]
-
-    def _purge(self) -> None:
-        now = time.monotonic()
-        for xid in [x for x, lease in self._leases.items() if now - lease[0] > self.timeout]:
-            self._pool.drop(self._leases.pop(xid)[3])
 
     async def close(self) -> None:
         await super().close()
         self._maps.close()
-        for _, _, _, seg in self._leases.values():
-            seg.release()
-        self._leases.clear()
+        self._leases.close()
         if self._pool is not None:
             self._pool.close()
         if self._ipc_path and os.path.exists(self._ipc_path):
             os.unlink(self._ipc_path)
+
+
+class _Outgoing:
+    """One message on its way out: its header (checksums travel with the parts), layout and writer."""
+
+    def __init__(self, key: str, header: dict, offsets: list[int], total: int, write: Writer):
+        self.key, self.header, self.header_json = key, header, json.dumps(header).encode()
+        self.offsets, self.total, self.write = offsets, total, write
+
+
+class _SpareGone(Exception):
+    """The spare segment a peer lent is no longer there; lease a fresh one."""
