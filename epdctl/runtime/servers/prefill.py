@@ -137,6 +137,9 @@ class PrefillServer:
         self.m_requests.inc(labels={"status": "200"})
         self.m_ttft.observe(time.perf_counter() - t_arrival)
         self._spawn(self._handoff(room, result, timings))
+        # Let the KV leave before our answer is written: the router waits for the decode's first
+        # token, which waits for the KV, while our answer is only a header it has to collect.
+        await asyncio.sleep(0)
         return json_response({"status": "ok", "bootstrap_room": req.bootstrap_room,
                               "prompt_tokens": result.prompt_len, "timings": timings})
 
@@ -181,7 +184,7 @@ class PrefillServer:
         self.kv_held += 1
         try:
             try:
-                reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
+                reply_to = self.bootstrap.take_route(room) or await self.bootstrap.wait_route(room, self.args.kv_timeout)
             except asyncio.TimeoutError:
                 self.m_handoff.inc(labels={"outcome": "no_decode"})
                 log.error("room %s: no decode asked for this KV within %g s (--kv-timeout); KV freed. Is the "
