@@ -169,7 +169,8 @@ class PrefillServer:
         prefill_ms = watch.lap()
         self.m_stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
         timings = {"fetch_ms": fetch_s * 1000.0, "encode_ms": encode_ms, "prefill_ms": prefill_ms,
-                   "embedding_bytes": float(emb_bytes), "prefill_done_ms": (time.perf_counter() - t_arrival) * 1000, **trace}
+                   "embedding_bytes": float(emb_bytes),
+                   "prefill_done_ms": (time.perf_counter() - t_arrival) * 1000, **trace}
         return result, timings
 
     def _spawn(self, coro: Any) -> None:
@@ -184,7 +185,8 @@ class PrefillServer:
         self.kv_held += 1
         try:
             try:
-                reply_to = self.bootstrap.take_route(room) or await self.bootstrap.wait_route(room, self.args.kv_timeout)
+                reply_to = (self.bootstrap.take_route(room)
+                            or await self.bootstrap.wait_route(room, self.args.kv_timeout))
             except asyncio.TimeoutError:
                 self.m_handoff.inc(labels={"outcome": "no_decode"})
                 log.error("room %s: no decode asked for this KV within %g s (--kv-timeout); KV freed. Is the "
