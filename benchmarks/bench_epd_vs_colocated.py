@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from epd_stages import breakdown, format_breakdown  # noqa: E402
+from epd_stages import breakdown, by_images, format_breakdown  # noqa: E402
 from router_overhead import dummy_router_overhead, router_overhead  # noqa: E402
 
 from epdctl.bench import client, report  # noqa: E402
@@ -127,7 +127,7 @@ def run_all(infos: dict[str, dict], work: Workload, args: argparse.Namespace, en
         by_mode, table = rounds(infos, work, args.rounds)
         for mode, (samples, wall) in by_mode.items():
             out[mode] = {"topology": infos[mode]["topology"], **summarize(samples, wall),
-                         "stages_p50_ms": breakdown(samples)}
+                         "stages_p50_ms": breakdown(samples), "stages_p50_ms_by_images": by_images(samples)}
         out["rounds"] = table
         for mode, info in infos.items():
             out[mode]["router_overhead"] = router_overhead(info["router"], info, info["model"],
@@ -237,6 +237,10 @@ def report_lines(results: dict, n_req: int, n_img: float, args: argparse.Namespa
               f"min {rr.get('min')} median {rr.get('median')} max {rr.get('max')}")
     if e.get("stages_p50_ms") or c.get("stages_p50_ms"):
         print("\n".join(format_breakdown(e.get("stages_p50_ms", {}), c.get("stages_p50_ms", {}))))
+        eb, cb = e.get("stages_p50_ms_by_images", {}), c.get("stages_p50_ms_by_images", {})
+        for n in sorted(set(eb) & set(cb), key=int):
+            print(f"{n} images: worker TTFT p50 EPD {eb[n].get('worker ttft')} ms (n={int(eb[n].get('n', 0))}), "
+                  f"colocated {cb[n].get('worker ttft')} ms (n={int(cb[n].get('n', 0))})")
     for mode in ("epd", "colocated"):
         ro = results.get(mode, {}).get("router_overhead")
         if ro:

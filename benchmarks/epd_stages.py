@@ -67,6 +67,12 @@ def breakdown(samples: list[Any]) -> dict[str, float]:
             **{k: round(statistics.median(r[k] for r in rows if k in r), 2) for k in names}}
 
 
+def by_images(samples: list[Any]) -> dict[str, dict[str, float]]:
+    """``breakdown`` per number of images in the request (keys "4", "8", ...)."""
+    counts = sorted({int(s.n_images) for s in samples})
+    return {str(n): breakdown([s for s in samples if s.n_images == n]) for n in counts}
+
+
 def format_breakdown(epd: dict[str, float], colocated: dict[str, float]) -> list[str]:
     """Lines of a two-column table (stages absent in a mode show '-')."""
     names = [n for n, _, _ in EPD_STAGES] + ["worker ttft", "router + client"]

@@ -40,3 +40,13 @@ def test_breakdown_takes_medians_over_complete_ok_samples():
     lines = format_breakdown(b, {})
     assert lines[0].split() == ["stage", "(p50", "ms)", "EPD", "colocated"]
     assert any(line.startswith("encoder hop") and line.rstrip().endswith("-") for line in lines)
+
+
+def test_by_images_splits_the_breakdown_by_request_size():
+    from epd_stages import by_images
+
+    four = [SimpleNamespace(ok=True, ttft=0.0255, timings=EPD, n_images=4) for _ in range(2)]
+    eight = [SimpleNamespace(ok=True, ttft=0.03, timings=EPD, n_images=8)]
+    out = by_images(four + eight)
+    assert list(out) == ["4", "8"] and out["4"]["n"] == 2 and out["8"]["n"] == 1
+    assert round(out["8"]["router + client"], 3) == 6.0
