@@ -1,52 +1,42 @@
-"""EPD (encoder/prefill/decode split) versus colocated serving, and the router's own cost.
+"""EPD (encoder/prefill/decode split) versus colocated serving on the same cores.
 
-One run starts each topology with `epdctl up`, replays the same multi-image workload through its
-router (4-8 images per request, ~30% of images repeated from earlier requests, open-loop
-Poisson arrivals, a bounded number of requests) with `epdctl bench`'s own load generator
-(`epdctl.bench`: same seed, same bytes and arrival times in both modes), then stops it with
-`epdctl down`. Reported per mode: TTFT p50/p99, TPOT p50/p99, request and token throughput,
-errors.
-Router overhead: the same small request sent through the router and straight to the workers
-(colocated: the worker itself; EPD: prefill + decode called concurrently with the bootstrap
-fields the router would add), interleaved, median difference.
+Both topologies are started with `epdctl up` and stay up side by side (their ports differ; the
+idle one sleeps). The same multi-image workload (4-8 images per request, ~30% of images repeated
+from earlier requests, open-loop Poisson arrivals) is replayed through each router with
+`epdctl bench`'s own load generator, in ROUNDS that alternate which mode goes first; every round
+uses a new seed and the same requests for both modes. The machine's load swings minute to minute,
+so the ratio is reported per round (min / median / max) as well as over all requests, with the
+load average at each round. Per mode: TTFT p50/p99, TPOT p50/p99, throughput, errors, and where
+the time to first token goes (epd_stages.py: the workers' own stamps, stage by stage).
+Router overhead (router_overhead.py): real workers paired, and smg in front of instant dummies.
 
 Measured, not asserted. Usage:
-    .venv/bin/python benchmarks/bench_epd_vs_colocated.py [--requests 24] [--rate 0.5]
+    .venv/bin/python benchmarks/bench_epd_vs_colocated.py [--requests 48] [--rounds 6] [--rate 0.5]
 Writes benchmarks/results/epd_vs_colocated.json and prints a table.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
-import math
 import os
-import random
+import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from epdctl import shapes  # noqa: E402
+from epd_stages import breakdown, by_images, format_breakdown  # noqa: E402
+from router_overhead import dummy_router_overhead, router_overhead  # noqa: E402
+
 from epdctl.bench import client, report  # noqa: E402
-from epdctl.bench.client import Target  # noqa: E402
-from epdctl.bench.workload import RequestSource, Workload, parse_images  # noqa: E402
-from epdctl.canary import build_messages  # noqa: E402
-from epdctl.probes import http as http_call  # noqa: E402
-
-
-def pct(xs: list[float], p: float) -> float | None:
-    """Nearest-rank percentile in milliseconds."""
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))
-    return round(xs[k] * 1000, 1)
+from epdctl.bench.client import Sample, Target  # noqa: E402
+from epdctl.bench.workload import Workload, parse_images  # noqa: E402
 
 
 def summarize(samples: list, wall: float) -> dict:
@@ -63,92 +53,9 @@ def summarize(samples: list, wall: float) -> dict:
     }
 
 
-def _post_json(url: str, body: dict) -> float:
-    t0 = time.perf_counter()
-    r = http_call("POST", url, body, timeout=300)
-    if not r.ok:
-        raise RuntimeError(f"{url}: HTTP {r.status} {r.body[:200]!r}")
-    return time.perf_counter() - t0
-
-
-def _overhead_summary(via: list[float], direct: list[float]) -> dict:
-    diffs = [v - d for v, d in zip(via, direct)]
-    return {"n": len(diffs), "via_router_p50_ms": pct(via, 50), "direct_p50_ms": pct(direct, 50),
-            "router_added_p50_ms": pct(diffs, 50), "router_added_p99_ms": pct(diffs, 99)}
-
-
-def router_overhead(router: str, plan: dict, model: str, n: int, seed: int) -> dict:
-    """The same small request through the router and straight to the workers, paired.
-
-    Straight = the colocated worker itself, or (EPD) prefill and decode called concurrently
-    with the bootstrap fields the router would add. On a busy machine the worker's own
-    variance dominates; `dummy_router_overhead` isolates the router.
-    """
-    rng = random.Random(seed)
-    pngs, q, _ = shapes.make_request(rng, 1, plain=True)
-    body = {"model": model, "messages": build_messages(pngs, q), "max_tokens": 1,
-            "temperature": 0.0, "stream": False}
-    via, direct = [], []
-    for _ in range(n):
-        via.append(_post_json(router + "/v1/chat/completions", body))
-        if plan["mode"] == "colocated":
-            direct.append(_post_json(plan["colocated"] + "/v1/chat/completions", body))
-        else:
-            pd = {**body, "bootstrap_host": plan["bootstrap_host"],
-                  "bootstrap_port": plan["bootstrap_port"], "bootstrap_room": rng.getrandbits(63)}
-            t0 = time.perf_counter()
-            with cf.ThreadPoolExecutor(2) as pool:
-                futs = [pool.submit(_post_json, u + "/v1/chat/completions", pd)
-                        for u in (plan["prefill"], plan["decode"])]
-                [f.result() for f in futs]
-            direct.append(time.perf_counter() - t0)
-    return _overhead_summary(via, direct)
-
-
-def dummy_router_overhead(n: int, base: int) -> dict:
-    """smg in PD mode in front of two instant dummy workers vs calling the decode dummy.
-
-    The dummies answer in well under a millisecond, so the difference is what smg adds
-    (both legs concurrently, response relayed). Uses the same launcher code as `epdctl up`.
-    """
-    from epdctl.launchers.local import LocalLauncher
-    from epdctl.routerctl import RouterClient, with_local_health_flags
-    from epdctl.state import ProcessRecord
-
-    dummy = str(ROOT / "tests" / "e2e" / "dummy_worker.py")
-    lau = LocalLauncher()
-    logs = Path(tempfile.mkdtemp(prefix="epdctl-bench-dummy-"))
-    pre, dec, boot, rport, mport = base + 1, base + 2, base + 3, base, base + 4
-    specs = [
-        ProcessRecord("prefill-0", "prefill", "local",
-                      ["python", dummy, str(pre), "prefill", "--bootstrap-port", str(boot)],
-                      log=str(logs / "prefill-0.log")),
-        ProcessRecord("decode-0", "decode", "local", ["python", dummy, str(dec), "decode"],
-                      log=str(logs / "decode-0.log")),
-        ProcessRecord("router", "router", "local", with_local_health_flags([
-            "smg", "launch", "--pd-disaggregation", "--host", "127.0.0.1", "--port", str(rport),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(mport),
-            "--prefill", f"http://127.0.0.1:{pre}", str(boot),
-            "--decode", f"http://127.0.0.1:{dec}"]), log=str(logs / "router.log")),
-    ]
-    handles = specs
-    try:
-        started = lau.start(specs)
-        started.raise_if_failed("starting the dummies")
-        for sp in specs:
-            sp.handle = started.ok[sp.name]
-        RouterClient(f"http://127.0.0.1:{rport}").wait_ready(120)
-        body = {"model": "dummy", "max_tokens": 4,
-                "messages": [{"role": "user", "content": "hello"}]}
-        for _ in range(5):  # warm both paths' connections
-            _post_json(f"http://127.0.0.1:{rport}/v1/chat/completions", body)
-        via, direct = [], []
-        for _ in range(n):
-            via.append(_post_json(f"http://127.0.0.1:{rport}/v1/chat/completions", body))
-            direct.append(_post_json(f"http://127.0.0.1:{dec}/v1/chat/completions", body))
-        return _overhead_summary(via, direct)
-    finally:
-        lau.stop(handles, grace=15)
+def median_ttft(samples: list[Sample]) -> float | None:
+    xs = [s.ttft for s in samples if s.ok and s.ttft is not None]
+    return statistics.median(xs) * 1000.0 if xs else None
 
 
 def epdctl(*args: str, env: dict) -> subprocess.CompletedProcess:
@@ -164,7 +71,8 @@ def plan_info(topology: Path) -> dict:
 
     topo = load_topology(topology)
     plan = build_plan(topo)
-    info: dict = {"name": topo.name, "model": topo.model.served_name, "router": plan.router.url}
+    info: dict = {"name": topo.name, "model": topo.model.served_name, "router": plan.router.url,
+                  "topology": str(topology)}
     for w in plan.workers:
         if w.role == "colocated":
             info.setdefault("colocated", w.url)
@@ -178,23 +86,56 @@ def plan_info(topology: Path) -> dict:
     return info
 
 
-def bench_mode(label: str, topology: Path, work: Workload, args: argparse.Namespace,
-               env: dict) -> dict:
-    info = plan_info(topology)
-    up = epdctl("up", str(topology), "--no-canary", "--timeout", str(args.timeout), env=env)
-    if up.returncode != 0:
-        return {"topology": str(topology), "error": (up.stdout + up.stderr)[-2000:]}
+def rounds(infos: dict[str, dict], work: Workload, n_rounds: int) -> tuple[dict, list[dict]]:
+    """Run the workload in rounds, alternating which mode goes first; samples per mode, per round."""
+    per_round = max(1, work.requests // n_rounds)
+    samples: dict[str, list[Sample]] = {m: [] for m in infos}
+    walls = {m: 0.0 for m in infos}
+    table = []
+    for r in range(n_rounds):
+        order = list(infos) if r % 2 == 0 else list(reversed(list(infos)))
+        row: dict = {"round": r + 1, "first": order[0], "load_avg_1m": round(os.getloadavg()[0], 2)}
+        for mode in order:
+            target = Target(infos[mode]["router"], infos[mode]["model"])
+            got, wall = client.run(target, work.with_(requests=per_round, seed=work.seed + 1000 * r))
+            samples[mode] += got
+            walls[mode] += wall
+            row[f"{mode}_ttft_p50_ms"] = median_ttft(got)
+            row[f"{mode}_ok"] = sum(s.ok for s in got)
+        if row.get("epd_ttft_p50_ms") and row.get("colocated_ttft_p50_ms"):
+            row["ratio"] = round(row["epd_ttft_p50_ms"] / row["colocated_ttft_p50_ms"], 3)
+        table.append(row)
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
+                                              for k, v in row.items() if k != "round"), flush=True)
+    return {m: (samples[m], walls[m]) for m in infos}, table
+
+
+def run_all(infos: dict[str, dict], work: Workload, args: argparse.Namespace, env: dict) -> dict:
+    """Bring every topology up, warm it, run the rounds, measure the router, bring all down."""
+    out: dict = {}
+    started = []
     try:
-        target = Target(info["router"], info["model"])
-        warm, _ = client.run(target, work.with_(images={2: 1.0}, requests=1, max_tokens=4,
-                                                seed=work.seed + 1))
-        samples, wall = client.run(target, work)
-        out = {"topology": str(topology), "warmup_ok": warm[0].ok, **summarize(samples, wall)}
-        out["router_overhead"] = router_overhead(info["router"], info, info["model"],
-                                                 args.overhead_n, args.seed)
+        for mode, info in infos.items():
+            up = epdctl("up", info["topology"], "--no-canary", "--timeout", str(args.timeout), env=env)
+            if up.returncode != 0:
+                return {mode: {"topology": info["topology"], "error": (up.stdout + up.stderr)[-2000:]}}
+            started.append(info["name"])
+        for mode, info in infos.items():  # both encoders' and the engines' first calls out of the way
+            client.run(Target(info["router"], info["model"]),
+                       replace(work, images={4: 1.0}, requests=4, max_tokens=4, seed=work.seed + 7, rate=None,
+                               concurrency=1))
+        by_mode, table = rounds(infos, work, args.rounds)
+        for mode, (samples, wall) in by_mode.items():
+            out[mode] = {"topology": infos[mode]["topology"], **summarize(samples, wall),
+                         "stages_p50_ms": breakdown(samples), "stages_p50_ms_by_images": by_images(samples)}
+        out["rounds"] = table
+        for mode, info in infos.items():
+            out[mode]["router_overhead"] = router_overhead(info["router"], info, info["model"],
+                                                           args.overhead_n, args.seed)
         return out
     finally:
-        epdctl("down", info["name"], env=env)
+        for name in started:
+            epdctl("down", name, env=env)
 
 
 def shifted_copy(src: Path, offset: int, tmp: Path) -> Path:
@@ -223,7 +164,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epd", type=Path, default=ROOT / "topologies/local.yaml")
     ap.add_argument("--colocated", type=Path, default=ROOT / "topologies/local-colocated.yaml")
-    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--requests", type=int, default=48, help="per mode, over all rounds")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds alternating which mode goes first")
     ap.add_argument("--rate", type=float, default=0.5, help="Poisson arrivals per second")
     ap.add_argument("--min-images", type=int, default=4)
     ap.add_argument("--max-images", type=int, default=8)
@@ -243,50 +185,74 @@ def main() -> None:
     work = Workload(name="epd-vs-colocated", repeat=args.repeat, max_tokens=args.max_tokens,
                     rate=args.rate, requests=args.requests, seed=args.seed,
                     images=parse_images(f"{args.min_images}-{args.max_images}"))
-    src = RequestSource(work)
-    reqs = [src.next() for _ in range(args.requests)]
-    n_img = sum(len(r.pngs) for r in reqs)
-    n_unique = len({p for r in reqs for p in r.pngs})
+    per_round = max(1, args.requests // args.rounds)
+    n_img = per_round * args.rounds * work.mean_images
     tmp = Path(tempfile.mkdtemp(prefix="epdctl-bench-"))
     env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
     if args.port_offset:
         args.epd = shifted_copy(args.epd, args.port_offset, tmp)
         args.colocated = shifted_copy(args.colocated, args.port_offset, tmp)
+    infos = {"epd": plan_info(args.epd), "colocated": plan_info(args.colocated)}
+    load_start = os.getloadavg()
+    measured = run_all(infos, work, args, env)
     results = {
-        "workload": {"requests": args.requests, "rate_per_s": args.rate, "images": n_img,
-                     "unique_images": n_unique, "max_tokens": args.max_tokens,
+        "workload": {"requests_per_mode": per_round * args.rounds, "rounds": args.rounds,
+                     "rate_per_s": args.rate, "max_tokens": args.max_tokens,
                      "images_per_request": [args.min_images, args.max_images],
                      "repeat_fraction": args.repeat, "seed": args.seed},
         "command": " ".join(sys.argv),
-        "machine": {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg()},
-        "epd": bench_mode("epd", args.epd, work, args, env),
-        "colocated": bench_mode("colocated", args.colocated, work, args, env),
+        "machine": {"cpus": os.cpu_count(), "load_avg_at_start": load_start,
+                    "load_avg_at_end": os.getloadavg()},
+        **measured,
         "router_overhead_dummy_workers": dummy_router_overhead(args.dummy_n,
                                                                34900 + args.port_offset % 50),
     }
+    ratios = [r["ratio"] for r in results.get("rounds", []) if "ratio" in r]
+    e, c = results.get("epd", {}), results.get("colocated", {})
+    if e.get("ttft_p50_ms") and c.get("ttft_p50_ms"):
+        results["ttft_p50_ratio"] = round(e["ttft_p50_ms"] / c["ttft_p50_ms"], 3)
+    if ratios:
+        results["round_ratio"] = {"min": min(ratios), "median": round(statistics.median(ratios), 3),
+                                  "max": max(ratios)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
+    report_lines(results, per_round * args.rounds, n_img, args)
+    print(f"wrote {args.out}")
+
+
+def report_lines(results: dict, n_req: int, n_img: float, args: argparse.Namespace) -> None:
     keys = ["ok", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "latency_p50_ms",
             "req_per_s", "tok_per_s", "images_per_s"]
-    print(f"\n{args.requests} requests, {n_img} images ({n_unique} unique), "
-          f"{args.rate}/s arrivals, max_tokens {args.max_tokens}")
+    e, c = results.get("epd", {}), results.get("colocated", {})
+    print(f"\n{n_req} requests per mode in {args.rounds} rounds (~{n_img:.0f} images), "
+          f"{args.rate}/s arrivals, max_tokens {args.max_tokens}; load average "
+          f"{results['machine']['load_avg_at_start'][0]:.2f} at start, "
+          f"{results['machine']['load_avg_at_end'][0]:.2f} at end")
     print(f"{'metric':<16}{'EPD':>12}{'colocated':>12}")
     for k in keys:
-        print(f"{k:<16}{str(results['epd'].get(k, '-')):>12}"
-              f"{str(results['colocated'].get(k, '-')):>12}")
+        print(f"{k:<16}{str(e.get(k, '-')):>12}{str(c.get(k, '-')):>12}")
+    if "ttft_p50_ratio" in results:
+        rr = results.get("round_ratio", {})
+        print(f"TTFT p50 EPD / colocated: {results['ttft_p50_ratio']} over all requests; per round "
+              f"min {rr.get('min')} median {rr.get('median')} max {rr.get('max')}")
+    if e.get("stages_p50_ms") or c.get("stages_p50_ms"):
+        print("\n".join(format_breakdown(e.get("stages_p50_ms", {}), c.get("stages_p50_ms", {}))))
+        eb, cb = e.get("stages_p50_ms_by_images", {}), c.get("stages_p50_ms_by_images", {})
+        for n in sorted(set(eb) & set(cb), key=int):
+            print(f"{n} images: worker TTFT p50 EPD {eb[n].get('worker ttft')} ms (n={int(eb[n].get('n', 0))}), "
+                  f"colocated {cb[n].get('worker ttft')} ms (n={int(cb[n].get('n', 0))})")
     for mode in ("epd", "colocated"):
-        ro = results[mode].get("router_overhead")
+        ro = results.get(mode, {}).get("router_overhead")
         if ro:
             print(f"router overhead, real workers ({mode}): via router {ro['via_router_p50_ms']} "
                   f"ms, direct {ro['direct_p50_ms']} ms, paired difference p50 "
                   f"{ro['router_added_p50_ms']} ms (n={ro['n']})")
-        if "error" in results[mode]:
+        if "error" in results.get(mode, {}):
             print(f"{mode}: FAILED\n{results[mode]['error']}")
     ro = results["router_overhead_dummy_workers"]
     print(f"router overhead, instant dummy workers: via router {ro['via_router_p50_ms']} ms, "
           f"direct {ro['direct_p50_ms']} ms, added p50 {ro['router_added_p50_ms']} ms, "
           f"p99 {ro['router_added_p99_ms']} ms (n={ro['n']})")
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

@@ -279,3 +279,15 @@ def test_up_needs_the_router_key_variable(state_dir: Path, tmp_path: Path) -> No
     out = CliRunner().invoke(cli, ["up", str(topo)])
     assert out.exit_code != 0
     assert "EPDCTL_TEST_UNSET_KEY" in str(out.exception) and "not set" in str(out.exception)
+
+
+def test_registration_needed_where_smg_drops_static_workers():
+    from epdctl.launchers.lifecycle import needs_registration
+
+    assert needs_registration(["py", "-m", "smg.launch_router", "--port", "5"])
+    assert not needs_registration(["py", "-m", "smg.launch_router", "--prefill", "http://a:1", "9",
+                                   "--decode", "http://a:2", "--enable-igw"])
+    assert not needs_registration(["py", "-m", "smg.launch_router", "--worker-urls", "http://a:1"])
+    # smg 1.13 with --enable-igw starts "Regular { worker_urls: [] }": epdctl registers them itself
+    assert needs_registration(["py", "-m", "smg.launch_router", "--worker-urls", "http://a:1",
+                               "--enable-igw"])

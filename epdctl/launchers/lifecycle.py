@@ -149,8 +149,7 @@ class BringUp:
         when its command names no static workers)."""
         router = next((r for r in recs if r.role == "router"), None)
         if register is None:
-            register = router is not None and not any(
-                f in router.argv for f in ("--prefill", "--decode", "--worker-urls"))
+            register = router is not None and needs_registration(router.argv)
         client = RouterClient(router.url, self.state.api_key_env) if router else None
         t0 = time.monotonic()
         pending = {r.name: r for r in recs}
@@ -237,6 +236,15 @@ class BringUp:
         return LaunchError(
             f"[{rec.node}/{rec.name}] not {what} after {self.timeout:.0f}s; raise --timeout if "
             f"it is still loading. Last lines of {rec.log}:\n{tail(Path(rec.log), 15)}")
+
+
+def needs_registration(argv: Sequence[str]) -> bool:
+    """Whether epdctl must register the workers with this router through its API: it names no
+    static workers, or names them only with ``--worker-urls`` beside ``--enable-igw`` (smg 1.13
+    then starts with none: its log reads "mode: Regular { worker_urls: [] }")."""
+    if "--enable-igw" in argv and "--worker-urls" in argv:
+        return True
+    return not any(f in argv for f in ("--prefill", "--decode", "--worker-urls"))
 
 
 def tear_down(state: ClusterState | None, launcher: Launcher, grace: float = 15.0

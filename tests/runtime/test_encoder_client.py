@@ -119,3 +119,24 @@ def test_a_dead_encoder_is_reported_unavailable():
         assert next(iter(state["registry"].encoders.values())).failures >= 1
 
     asyncio.run(with_encoder(handler, body))
+
+
+def test_the_trace_gets_the_slowest_groups_stamps():
+    import time
+
+    async def handler(request: web.Request, transport) -> web.Response:
+        body = await request.json()
+        meta, tensors = embeds_for(body["images"])
+        now = time.time()
+        meta["trace"] = {"t_enc_in": now - 0.002, "t_enc_send": now, "junk": "x", "flag": True}
+        await transport.send(body["reply_to"], body["key"], meta, tensors)
+        return web.json_response({"key": body["key"], "num_images": len(body["images"])})
+
+    async def body(client: EncoderClient, state: dict) -> None:
+        trace: dict[str, float] = {}
+        t0 = time.time()
+        await client.encode([b"img-a", b"img-b"], trace)
+        assert set(trace) == {"t_enc_in", "t_enc_send", "t_emb_in"}  # non-numbers are not stamps
+        assert t0 - 0.01 <= trace["t_enc_in"] <= trace["t_enc_send"] <= trace["t_emb_in"] <= time.time()
+
+    asyncio.run(with_encoder(handler, body))

@@ -106,3 +106,20 @@ def test_a_kv_timeout_is_still_a_504_naming_the_flag() -> None:
 
     err = asyncio.run(run())
     assert err.status == 504 and err.code == "kv_timeout" and "--kv-timeout" in err.message
+
+
+def test_a_route_already_registered_is_taken_without_waiting() -> None:
+    async def run() -> None:
+        boot = KVBootstrap()
+        assert boot.take_route("9") is None  # unknown: the prefill falls back to waiting
+        boot.set_route("9", "zmq+tcp://x:1")
+        assert boot.take_route("9") == "zmq+tcp://x:1"
+        assert boot.knows("9") and len(boot) == 0  # taken: reported as sending, not waiting
+        assert boot.take_route("9") is None  # consumed once
+        waiter = asyncio.ensure_future(boot.wait_route("10", 1.0))
+        await asyncio.sleep(0)
+        assert boot.take_route("10") is None  # a prefill already waits on it: not ready yet
+        boot.set_route("10", "zmq+tcp://x:2")
+        assert await waiter == "zmq+tcp://x:2"
+
+    asyncio.run(run())

@@ -112,20 +112,25 @@ class ColocatedServer:
         seq_id = uuid.uuid4().hex
         try:
             watch = Stopwatch()
+            t_in = time.time() - (time.perf_counter() - t_arrival)
             images = await self.admission.images(req, self.session)
+            t_enc = time.time()
             encoded = await self.loop.call(self.encoder.encode, images) if images else []
             encode_ms = watch.lap()
+            t_emb = time.time()
             prompt = await self.loop.call(self._build_prompt, self.bundle, req.messages, [e.grid_thw for e in encoded])
             self.admission.prompt(len(prompt.input_ids), req.max_tokens)
             params = self._params(req)
             result = await self.loop.call(self.prefill.prefill, prompt, encoded, params)
             prefill_ms = watch.lap()
+            t_pf = time.time()
             self.gm.stage.observe(encode_ms / 1000.0, {"stage": "encode"})
             self.gm.stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
             tokens = await self.loop.add(seq_id, result, params)
             del result  # the engine owns the KV now; don't pin it for the whole response
             timings = {"encode_ms": encode_ms, "prefill_ms": prefill_ms, "kv_transfer_ms": 0.0, "kv_bytes": 0.0,
-                       "embedding_bytes": 0.0}
+                       "embedding_bytes": 0.0, "t_decode_in": t_in, "t_enc_out": t_enc, "t_emb_in": t_emb,
+                       "t_prefill_end": t_pf}
             return await self.gm.stream(request, req, seq_id=seq_id, tokens=tokens,
                                         prompt_len=len(prompt.input_ids), loop=self.loop,
                                         used_tokens=self.used_tokens, detok=self._detok,

@@ -249,6 +249,10 @@ class DecodeServer:
         timings = {"encode_ms": pt.get("encode_ms", 0.0), "prefill_ms": pt.get("prefill_ms", 0.0),
                    "kv_transfer_ms": max(0.0, (time.time() - sent_at) * 1000.0), "kv_wait_ms": kv_wait_ms,
                    "embedding_bytes": pt.get("embedding_bytes", 0.0)}
+        # the prefill's and encoders' wall-clock stamps (t_*), and ours: one request's path end to end
+        timings.update({k: float(v) for k, v in pt.items() if k.startswith("t_") and isinstance(v, (int, float))})
+        timings["t_kv_in"] = time.time()
+        timings["t_decode_in"] = timings["t_kv_in"] - (time.perf_counter() - t_arrival)
         self.gm.stage.observe(kv_wait_ms / 1000.0, {"stage": "kv_wait"})
         async with self.sequence(req.bootstrap_room, meta, tensors, params) as (seq_id, tokens, kv_bytes):
             timings["kv_bytes"] = kv_bytes

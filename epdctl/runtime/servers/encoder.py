@@ -165,12 +165,14 @@ class EncoderServer:
 
     async def h_encode(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
+        t_in = time.time()
         self.inflight += 1
         try:
             key, reply_to, images = _parse_encode(await read_json(request), self.limits)
             pixels = _check_pixels(images, self.limits)
             results = await self.batcher.encode(images, pixels)
             meta, tensors = self.wire.embeds_to_tensors(results)
+            meta["trace"] = {"t_enc_in": t_in, "t_enc_send": time.time()}  # wall clock, same host: comparable
             nbytes = await self.transport.send(reply_to, key, meta, tensors)
         except Exception as exc:
             err = to_api_error(exc)

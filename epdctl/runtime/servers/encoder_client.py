@@ -11,6 +11,7 @@ import asyncio
 import base64
 import hashlib
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -36,8 +37,11 @@ class EncoderClient:
         self.timeout = timeout
         self._background: set[asyncio.Task] = set()  # POSTs whose embeddings already arrived
 
-    async def encode(self, images: list[bytes]) -> tuple[list[Any], int]:
-        """Embeddings for ``images`` in request order, and the embedding bytes received."""
+    async def encode(self, images: list[bytes], trace: dict[str, float] | None = None) -> tuple[list[Any], int]:
+        """Embeddings for ``images`` in request order, and the embedding bytes received.
+
+        ``trace`` (optional) gets the wall-clock stamps of the slowest group: the encoder's arrival
+        and send (``t_enc_in``, ``t_enc_send``) and ours on receipt (``t_emb_in``)."""
         unique: dict[str, bytes] = {}
         for data in images:
             unique.setdefault(hashlib.sha256(data).hexdigest(), data)
@@ -47,7 +51,8 @@ class EncoderClient:
             url = self.registry.pick(digest, extra=placed).url
             groups.setdefault(url, []).append(digest)
             placed[url] = placed.get(url, 0) + 1
-        parts = await asyncio.gather(*(self._group(url, [unique[d] for d in ds]) for url, ds in groups.items()))
+        parts = await asyncio.gather(*(self._group(url, [unique[d] for d in ds], trace)
+                                       for url, ds in groups.items()))
         by_digest: dict[str, Any] = {}
         for encoded in parts:
             for e in encoded:
@@ -55,7 +60,7 @@ class EncoderClient:
         nbytes = sum(e.embeds.numel() * e.embeds.element_size() for e in by_digest.values())
         return [by_digest[hashlib.sha256(d).hexdigest()] for d in images], nbytes
 
-    async def _group(self, url: str, images: list[bytes]) -> list[Any]:
+    async def _group(self, url: str, images: list[bytes], trace: dict[str, float] | None = None) -> list[Any]:
         tried: set[str] = set()
         digest = hashlib.sha256(images[0]).hexdigest()
         last = ""
@@ -71,7 +76,7 @@ class EncoderClient:
             tried.add(url)
             state.inflight += len(images)
             try:
-                result = await self._call(url, images)
+                result = await self._call(url, images, trace)
                 state.served += len(images)
                 return result
             except _EncoderDown as exc:
@@ -81,7 +86,7 @@ class EncoderClient:
             finally:
                 state.inflight -= len(images)
 
-    async def _call(self, url: str, images: list[bytes]) -> list[Any]:
+    async def _call(self, url: str, images: list[bytes], trace: dict[str, float] | None = None) -> list[Any]:
         """POST the images; the embeddings come back on the transport. The encoder answers the
         POST only after our transport acknowledged them, so we go on as soon as they arrive and
         let the answer finish in the background (one hop less on every request's critical path);
@@ -100,6 +105,8 @@ class EncoderClient:
                 except asyncio.TimeoutError:
                     raise _EncoderDown(f"embeddings did not arrive within {self.timeout:g} s") from None
             meta, tensors = recv.result()
+            if trace is not None:
+                _merge_trace(trace, meta.get("trace"), time.time())
             return self.wire.tensors_to_embeds(meta, tensors)
         finally:
             if not recv.done():
@@ -133,6 +140,15 @@ class EncoderClient:
         self._background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.debug("encoder answered after its embeddings arrived: %s", task.exception())
+
+
+def _merge_trace(trace: dict[str, float], theirs: Any, received: float) -> None:
+    """Keep the latest of each stamp over the groups: the slowest group sets the critical path."""
+    stamps = dict(theirs) if isinstance(theirs, dict) else {}
+    stamps["t_emb_in"] = received
+    for k, v in stamps.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            trace[k] = max(trace.get(k, 0.0), float(v))
 
 
 async def _error_message(resp: aiohttp.ClientResponse) -> str:

@@ -137,15 +137,20 @@ class PrefillServer:
         self.m_requests.inc(labels={"status": "200"})
         self.m_ttft.observe(time.perf_counter() - t_arrival)
         self._spawn(self._handoff(room, result, timings))
+        # Let the KV leave before our answer is written: the router waits for the decode's first
+        # token, which waits for the KV, while our answer is only a header it has to collect.
+        await asyncio.sleep(0)
         return json_response({"status": "ok", "bootstrap_room": req.bootstrap_room,
                               "prompt_tokens": result.prompt_len, "timings": timings})
 
     async def _prefill(self, req: Any, t_arrival: float) -> tuple[Any, dict[str, float]]:
         watch = Stopwatch()
+        trace = {"t_prefill_in": time.time() - (time.perf_counter() - t_arrival)}
         images = await self.admission.images(req, self.session)
         fetch_s = watch.lap() / 1000.0
         self.m_stage.observe(fetch_s, {"stage": "fetch"})
-        encoded, emb_bytes = await self.encoders.encode(images) if images else ([], 0)
+        trace["t_enc_out"] = time.time()
+        encoded, emb_bytes = await self.encoders.encode(images, trace) if images else ([], 0)
         encode_ms = watch.lap()
         if images:
             self.m_stage.observe(encode_ms / 1000.0, {"stage": "encode"})
@@ -154,15 +159,18 @@ class PrefillServer:
         grids, params = [e.grid_thw for e in encoded], self.sampling(req)
 
         def prompt_and_prefill() -> Any:  # one hop to the model thread, not two
+            trace["t_prefill_start"] = time.time()
             prompt = self._build_prompt(self.bundle, req.messages, grids)
             self.admission.prompt(len(prompt.input_ids), req.max_tokens)
             return self.engine.prefill(prompt, encoded, params)
 
         result = await self.thread.run(prompt_and_prefill)
+        trace["t_prefill_end"] = time.time()
         prefill_ms = watch.lap()
         self.m_stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
         timings = {"fetch_ms": fetch_s * 1000.0, "encode_ms": encode_ms, "prefill_ms": prefill_ms,
-                   "embedding_bytes": float(emb_bytes), "prefill_done_ms": (time.perf_counter() - t_arrival) * 1000}
+                   "embedding_bytes": float(emb_bytes),
+                   "prefill_done_ms": (time.perf_counter() - t_arrival) * 1000, **trace}
         return result, timings
 
     def _spawn(self, coro: Any) -> None:
@@ -177,12 +185,14 @@ class PrefillServer:
         self.kv_held += 1
         try:
             try:
-                reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
+                reply_to = (self.bootstrap.take_route(room)
+                            or await self.bootstrap.wait_route(room, self.args.kv_timeout))
             except asyncio.TimeoutError:
                 self.m_handoff.inc(labels={"outcome": "no_decode"})
                 log.error("room %s: no decode asked for this KV within %g s (--kv-timeout); KV freed. Is the "
                           "decode reaching bootstrap port %d?", room, self.args.kv_timeout, self.args.bootstrap_port)
                 return
+            timings["t_route"] = time.time()
             meta, tensors = self._wire.kv_to_tensors(result)
             del result
             meta["timings"] = timings
