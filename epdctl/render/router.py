@@ -60,8 +60,13 @@ def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, p
         argv += ["--policy", r.policy]
     if r.implementation == "smg":  # the router refuses bigger bodies (413) before any worker sees them
         argv += ["--max-payload-size", str(topo.limits.max_body_bytes)]
-        if "--enable-igw" not in r.args:  # route by model: a model no worker serves is a 404
-            argv.append("--enable-igw")   # model_not_found, not a 503 (limits.md)
+        # PD mode routes by model with --enable-igw: a model no worker serves is a 404
+        # model_not_found, not a 503 (limits.md). Not in regular mode: smg 1.13 with --enable-igw
+        # drops --worker-urls (its log reads "mode: Regular { worker_urls: [] }"), so a router
+        # started by hand from this command would have no worker; there the worker answers the
+        # unknown model's 404 itself.
+        if prefills and "--enable-igw" not in r.args:
+            argv.append("--enable-igw")
     argv += list(r.args)
     for flag, value in HEALTH_FLAGS.items():
         if flag not in r.args:

@@ -22,7 +22,6 @@ python3 -m smg.launch_router \
     --prometheus-host 127.0.0.1 \
     --prometheus-port 31052 \
     --max-payload-size 67108864 \
-    --enable-igw \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \
