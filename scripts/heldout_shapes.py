@@ -217,16 +217,27 @@ def main(argv: list[str] | None = None) -> int:
             d = draw_one(rng)
             ext = "jpg" if d.jpeg else "png"
             (folder / f"{i:02d}-{d.item.colour}-{d.item.shape}.{ext}").write_bytes(d.png)
-    if not (Path(args.model) / "config.json").is_file():
-        print(f"error: {args.model} has no config.json", file=sys.stderr)
+    if not has_model(args.model):
         return 2
-    res = evaluate(Path(args.model), args.requests, args.seed)
+    emit(evaluate(Path(args.model), args.requests, args.seed), args.out)
+    return 0
+
+
+def has_model(model: str) -> bool:
+    """A checkpoint folder; says what is missing otherwise."""
+    if (Path(model) / "config.json").is_file():
+        return True
+    print(f"error: {model} has no config.json", file=sys.stderr)
+    return False
+
+
+def emit(res: dict, out: str) -> None:
+    """Print the result as JSON and, with ``out``, also write it there."""
     text = json.dumps(res, indent=2)
     print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-    return 0
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

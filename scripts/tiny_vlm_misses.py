@@ -12,7 +12,6 @@ count, shape x filled/outlined, and which shape a missed image was read as.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from collections import Counter
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout_shapes import POSITIONS, draw_one, text_at  # noqa: E402
+from heldout_shapes import POSITIONS, draw_one, emit, has_model, text_at  # noqa: E402
 from tiny_vlm_common import answer, load  # noqa: E402
 
 from epdctl.shapes import QUESTION, Item, parse_answer  # noqa: E402
@@ -97,16 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="", help="also write the JSON here")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if not (Path(args.model) / "config.json").is_file():
-        print(f"error: {args.model} has no config.json", file=sys.stderr)
+    if not has_model(args.model):
         return 2
-    res = {"model": args.model, "seed": args.seed, "requests_per_position_and_count": args.requests,
-           **tally(collect(Path(args.model), args.requests, args.seed))}
-    text = json.dumps(res, indent=2)
-    print(text)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+    emit({"model": args.model, "seed": args.seed, "requests_per_position_and_count": args.requests,
+          **tally(collect(Path(args.model), args.requests, args.seed))}, args.out)
     return 0
 
 
