@@ -57,27 +57,3 @@ def test_use_for_restores_the_configured_attention():
             assert cfg._attn_implementation == NAME
             raise RuntimeError("a failed step")
     assert cfg._attn_implementation == "sdpa"
-
-
-def test_the_batch_of_a_slot_table_is_read_in_place():
-    """bmm reads the slot table's strided [n, kv_heads, width, dim] view as [n * kv_heads, width, dim]
-    without a copy, and the result equals transformers' SDPA path over the same view."""
-    from epdctl.runtime.kv_slots import KVSlots, SlotCache
-    from epdctl.runtime.slot_attention import _batched
-
-    g = torch.Generator().manual_seed(7)
-    slots = KVSlots(layers=1, kv_heads=2, head_dim=8, dtype=torch.float32, slots=4, capacity=64)
-    for i, n in enumerate([5, 30, 12]):
-        kv = [(torch.randn(1, 2, n, 8, generator=g), torch.randn(1, 2, n, 8, generator=g))]
-        slots.add(f"s{i}", kv, room=4)
-    cache = SlotCache(slots, 3)
-    k, v = cache.update(torch.randn(3, 2, 1, 8, generator=g), torch.randn(3, 2, 1, 8, generator=g), 0)
-    flat = _batched(k, 6)
-    assert flat.data_ptr() == k.data_ptr()  # a copy would live elsewhere
-    assert flat.untyped_storage().data_ptr() == slots.keys[0].untyped_storage().data_ptr()
-    assert torch.equal(flat, k.reshape(6, k.shape[2], 8).contiguous())
-    q = torch.randn(3, 4, 1, 8, generator=g)
-    seen = (torch.arange(cache.width).view(1, -1) <= cache.cols.view(-1, 1)).view(3, 1, 1, cache.width)
-    want, _ = sdpa_attention_forward(_Attn(2), q, k, v, seen, scaling=None)
-    got, _ = slot_attention(_Attn(2), q, k, v, additive_mask(cache.cols, cache.width, torch.float32))
-    assert torch.allclose(got, want, atol=1e-5)
