@@ -7,7 +7,9 @@ query laid out as transformers' q_proj leaves it. Rounds alternate over the vari
 variant's least CPU time (``time.thread_time``, one torch thread) of ``--rounds`` is reported, per
 step and per stream, with the KV bytes a step reads (every row to the batch's width) at a plain
 read's rate beside it: the read floor. The alternatives (each checked equal to SDPA first):
-bmm over [n * kv_heads] 3-d views (no copy), one fused baddbmm (scale on q, mask as the
+K stored transposed ([slots, kv_heads, dim, capacity], so q @ K
+is a plain strided GEMM), the batch's K/V contiguous (what a table sized to the batch's width
+would give), bmm over [n * kv_heads] 3-d views (no copy), one fused baddbmm (scale on q, mask as the
 addend, expanded once per step), K @ q^T (the width as the GEMM's long side), each row alone
 at its own length (no padded columns read, one op chain per row), and transformers' SDPA.
 
@@ -79,7 +81,14 @@ def row_by_row(query, key, value, cols):
     return torch.stack(out).reshape(n, 1, heads, dim)
 
 
-def setup(width: int) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def k_transposed(query, key_t, value, mask):
+    """K kept as [n, kv_heads, dim, width] (a view of a [slots, kv_heads, dim, capacity] table)."""
+    n, heads, _, dim = query.shape
+    scores = torch.matmul(query.reshape(n, KV_HEADS, heads // KV_HEADS, dim), key_t).mul_(dim ** -0.5).add_(mask)
+    return torch.matmul(torch.softmax(scores, dim=-1), value).reshape(n, 1, heads, dim)
+
+
+def setup(width: int) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, KVSlots]:
     g = torch.Generator().manual_seed(width)
     slots = KVSlots(LAYERS, KV_HEADS, DIM, torch.float32, slots=STREAMS, capacity=1024)
     lengths = torch.randint(width // 3, width - 1, (STREAMS,), generator=g).tolist()
@@ -92,16 +101,21 @@ def setup(width: int) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor, t
     proj = torch.randn(STREAMS, 1, HEADS * DIM, generator=g)
     query = proj.view(STREAMS, 1, HEADS, DIM).transpose(1, 2)  # as transformers' attention layers pass it
     seen = (torch.arange(cache.width).view(1, -1) <= cache.cols.view(-1, 1)).view(STREAMS, 1, 1, cache.width)
-    return views, query, additive_mask(cache.cols, cache.width, torch.float32), seen, cache.cols
+    return views, query, additive_mask(cache.cols, cache.width, torch.float32), seen, cache.cols, slots
 
 
 def build(width: int, module: torch.nn.Module) -> tuple[list, dict[str, Callable]]:
     """The batch's per-layer (K, V) views and every variant as ``fn(k, v) -> output``."""
-    views, query, mask, seen, cols = setup(width)
+    views, query, mask, seen, cols, slots = setup(width)
+    t_tables = [table.transpose(-1, -2).contiguous() for table in slots.keys]  # [slots, kv_heads, dim, capacity]
+    k_t = {id(k): t[:STREAMS, :, :, :width] for (k, _), t in zip(views, t_tables)}  # by the layer's K view
+    packed = {id(k): (k.contiguous(), v.contiguous()) for k, v in views}
     mask3 = mask.expand(STREAMS, KV_HEADS, HEADS // KV_HEADS, mask.shape[-1]).reshape(STREAMS * KV_HEADS, -1,
                                                                                       mask.shape[-1])
     return views, {
         "slot_attention": lambda k, v: slot_attention(module, query, k, v, mask)[0],
+        "K transposed": lambda k, v: k_transposed(query, k_t[id(k)], v, mask),
+        "contiguous batch": lambda k, v: slot_attention(module, query, *packed[id(k)], mask)[0],
         "bmm 3-d": lambda k, v: bmm_3d(query, k, v, mask),
         "baddbmm fused": lambda k, v: baddbmm_fused(query, k, v, mask3),
         "K @ q^T": lambda k, v: k_at_q(query, k, v, mask),
