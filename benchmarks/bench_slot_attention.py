@@ -172,7 +172,8 @@ def main() -> None:
           f"{args.rounds} alternating rounds")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"rounds": args.rounds, "load_avg_1m": os.getloadavg()[0], "rows": rows}, indent=2) + "\n")
+    summary = {"rounds": args.rounds, "load_avg_1m": os.getloadavg()[0], "rows": rows}
+    out.write_text(json.dumps(summary, indent=2) + "\n")
     print(f"wrote {out}")
 
 
