@@ -152,9 +152,12 @@ def test_seeded_sampling_is_the_same_split_or_colocated(cluster):
 def test_registry_api_on_both_ports(cluster):
     """Register/unregister on the HTTP port and the encoder-bootstrap port; an encoder that does not
     answer /health is refused (400), so a bogus registration never receives requests."""
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     async def scenario():
         app = web.Application()
-        app.router.add_get("/health", lambda _: web.Response(text="ok"))
+        app.router.add_get("/health", ok)
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", FAKE_E + 1).start()
