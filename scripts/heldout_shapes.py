@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -146,6 +146,19 @@ def _rate(hits: list[bool]) -> float | None:
     return round(sum(hits) / len(hits), 4) if hits else None
 
 
+def draws(requests: int, seed: int) -> Iterator[tuple[str, int, list[Drawn], int]]:
+    """The held-out requests in order: (question position, image count, drawings, where the
+    question stands); ``requests`` per position and count 1..8 ('between' needs 2+)."""
+    for pi, position in enumerate(POSITIONS):
+        for n in range(1, 9):
+            if position == "between" and n == 1:
+                continue
+            rng = random.Random(seed * 7919 + pi * 101 + n)
+            for _ in range(requests):
+                drawn = [draw_one(rng) for _ in range(n)]
+                yield position, n, drawn, text_at(rng, position, n)
+
+
 def evaluate(model_dir: Path, requests: int, seed: int) -> dict[str, Any]:
     """``requests`` requests per (question position, image count 1..8); 'between' needs 2+."""
     ld = load(model_dir)
@@ -157,31 +170,24 @@ def evaluate(model_dir: Path, requests: int, seed: int) -> dict[str, Any]:
     examples: dict[str, str] = {}
     misses = {"right": 0, "shape": 0, "colour": 0, "both": 0, "unnamed": 0}
     t0 = time.time()
-    for pi, position in enumerate(POSITIONS):
-        for n in range(1, 9):
-            if position == "between" and n == 1:
-                continue
-            rng = random.Random(seed * 7919 + pi * 101 + n)
-            for _ in range(requests):
-                drawn = [draw_one(rng) for _ in range(n)]
-                at = text_at(rng, position, n)
-                text = answer(ld, [d.png for d in drawn], QUESTION, text_at=at)
-                got = parse_answer(text, n)
-                ok = [g == d.item for g, d in zip(got, drawn)]
-                for g, d in zip(got, drawn):
-                    misses[_miss(g, d.item)] += 1
-                per_image[position] += ok
-                per_request[position].append(all(ok))
-                by_count.setdefault(n, []).extend(ok)
-                for d, hit in zip(drawn, ok):
-                    by_style["outline" if d.outline else "filled"].append(hit)
-                    if d.noisy:
-                        by_style["noisy"].append(hit)
-                    if d.jpeg:
-                        by_style["jpeg"].append(hit)
-                    if not (d.noisy or d.jpeg):
-                        by_style["clean_png"].append(hit)
-                examples.setdefault(f"{position}_{n}", text)
+    for position, n, drawn, at in draws(requests, seed):
+        text = answer(ld, [d.png for d in drawn], QUESTION, text_at=at)
+        got = parse_answer(text, n)
+        ok = [g == d.item for g, d in zip(got, drawn)]
+        for g, d in zip(got, drawn):
+            misses[_miss(g, d.item)] += 1
+        per_image[position] += ok
+        per_request[position].append(all(ok))
+        by_count.setdefault(n, []).extend(ok)
+        for d, hit in zip(drawn, ok):
+            by_style["outline" if d.outline else "filled"].append(hit)
+            if d.noisy:
+                by_style["noisy"].append(hit)
+            if d.jpeg:
+                by_style["jpeg"].append(hit)
+            if not (d.noisy or d.jpeg):
+                by_style["clean_png"].append(hit)
+        examples.setdefault(f"{position}_{n}", text)
     all_img = [h for p in POSITIONS for h in per_image[p]]
     all_req = [h for p in POSITIONS for h in per_request[p]]
     return {

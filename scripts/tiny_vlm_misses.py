@@ -12,7 +12,6 @@ count, shape x filled/outlined, and which shape a missed image was read as.
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout_shapes import POSITIONS, draw_one, emit, has_model, text_at  # noqa: E402
+from heldout_shapes import POSITIONS, draws, emit, has_model  # noqa: E402
 from tiny_vlm_common import answer, load  # noqa: E402
 
 from epdctl.shapes import QUESTION, Item, parse_answer  # noqa: E402
@@ -50,16 +49,9 @@ def collect(model_dir: Path, requests: int, seed: int) -> list[Read]:
     image's reading."""
     ld = load(model_dir)
     reads: list[Read] = []
-    for pi, position in enumerate(POSITIONS):
-        for n in range(1, 9):
-            if position == "between" and n == 1:
-                continue
-            rng = random.Random(seed * 7919 + pi * 101 + n)
-            for _ in range(requests):
-                drawn = [draw_one(rng) for _ in range(n)]
-                at = text_at(rng, position, n)
-                got = parse_answer(answer(ld, [d.png for d in drawn], QUESTION, text_at=at), n)
-                reads += [Read(position, n, d.item, d.outline, g) for g, d in zip(got, drawn)]
+    for position, n, drawn, at in draws(requests, seed):
+        got = parse_answer(answer(ld, [d.png for d in drawn], QUESTION, text_at=at), n)
+        reads += [Read(position, n, d.item, d.outline, g) for g, d in zip(got, drawn)]
     return reads
 
 
