@@ -177,15 +177,20 @@ def running(tmp_path: Path) -> Iterator[tuple[SshdNodes, dict[str, str], Cluster
         nodes.stop()
 
 
-def test_status_and_logs_with_one_node_unreachable_show_the_others(running):
-    nodes, env, state, marker = running
+def wait_serving(env: dict[str, str]) -> None:
+    """Until `status` exits 0: every worker has bound its ports (30 s at most)."""
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the workers bind their ports
+    while time.monotonic() < deadline:
         st = cli("status", "ssh-3node", "--json", env=env)
         if st.returncode == 0:
-            break
+            return
         time.sleep(0.5)
-    assert st.returncode == 0, st.stdout + st.stderr
+    raise AssertionError(st.stdout + st.stderr)
+
+
+def test_status_and_logs_with_one_node_unreachable_show_the_others(running):
+    nodes, env, state, marker = running
+    wait_serving(env)
     os.kill(nodes.nodes[1].pid, signal.SIGTERM)  # node-b's sshd (its worker keeps running)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

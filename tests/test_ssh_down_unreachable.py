@@ -23,19 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest_ssh import processes_with, sshd  # noqa: E402,F401  (fixture)
 from sshd_nodes import SSHD, SshdNodes  # noqa: E402
-from test_ssh_cli_failures import cli, fresh_env, running, sshd_port, topology  # noqa: E402,F401
+from test_ssh_cli_failures import cli, fresh_env, running, sshd_port, topology, wait_serving  # noqa: E402,F401
 
 from epdctl.state import ClusterDir  # noqa: E402
-
-
-def _wait_serving(env: dict[str, str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # the workers bind their ports
-        st = cli("status", "ssh-3node", "--json", env=env)
-        if st.returncode == 0:
-            return
-        time.sleep(0.5)
-    raise AssertionError(st.stdout + st.stderr)
 
 
 def _stop_sshd(nodes: SshdNodes, i: int) -> None:
@@ -65,7 +55,7 @@ def _restart_sshd(nodes: SshdNodes, i: int) -> None:
 
 def test_down_with_one_node_unreachable_stops_the_others_and_keeps_its_records(running):
     nodes, env, state, marker = running
-    _wait_serving(env)
+    wait_serving(env)
     assert len(processes_with(marker)) == 3
     _stop_sshd(nodes, 1)  # node-b: prefill-0
     down = cli("down", "ssh-3node", env=env)
