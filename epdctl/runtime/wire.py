@@ -12,6 +12,7 @@ views into the received buffers when those are writable and aligned: no copy aft
 
 from __future__ import annotations
 
+import ctypes
 import json
 from typing import Sequence
 
@@ -23,13 +24,12 @@ from .encoder_engine import EncodedImage
 from .errors import TransferError
 from .prefill_engine import PrefillResult
 
-MAGIC = "epd-wire/2"
+MAGIC = "epd-wire/3"  # 3: parts carry one checksum per span (transports/spans.py)
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.int16,
     torch.int8, torch.uint8, torch.bool)}
 
 Frame = bytes | memoryview
-_CHUNK = 512 * 1024  # pack_part copies and hashes in pieces that stay in cache between the two
 
 
 def checksum(buf: Frame) -> int:
@@ -43,18 +43,18 @@ _ITEMSIZE = {n: torch.empty(0, dtype=d).element_size() for n, d in _DTYPES.items
 
 def _raw(t: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (contiguous CPU tensors; others are made so first).
-    numpy views where numpy knows the dtype: each torch view costs ~1.5 us, 56 KV tensors add up."""
+    A ctypes array over its memory (~0.4 us; numpy or torch views cost ~3 us, and a KV message
+    has 56 tensors); the array keeps the tensor alive as long as the memoryview lives."""
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
         t = t.contiguous()
-    if t.requires_grad:
-        t = t.detach()
-    if t.numel() == 0:
+    n = t.numel() * t.element_size()
+    if n == 0:
         return memoryview(b"")
-    if t.dtype == torch.bfloat16:
-        t = t.view(torch.int16)
-    return memoryview(t.numpy().reshape(-1).view(np.uint8))
+    arr = (ctypes.c_uint8 * n).from_address(t.data_ptr())
+    arr._owner = t  # type: ignore[attr-defined]
+    return memoryview(arr)
 
 
 def describe(meta: dict, tensors: dict[str, torch.Tensor]) -> tuple[dict, list[memoryview]]:
@@ -76,28 +76,6 @@ def pack(meta: dict, tensors: dict[str, torch.Tensor]) -> list[Frame]:
     for entry, raw in zip(header["tensors"], bufs):
         entry["xxh3"] = checksum(raw)
     return [json.dumps(header).encode(), *bufs]
-
-
-def pack_part(table: list[dict], bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray,
-              first: int, last: int) -> tuple[list[int], list[int]]:
-    """Copy tensors ``first..last-1`` to their ``offsets`` in ``dst``, hashing each piece while it is
-    in cache; their checksums and lengths (``dst`` must hold the layout)."""
-    sums, lengths = [], []
-    for i in range(first, last):
-        raw, off = bufs[i], offsets[i]
-        src = np.frombuffer(raw, dtype=np.uint8)
-        lengths.append(src.nbytes)
-        if src.nbytes <= _CHUNK:
-            dst[off:off + src.nbytes] = src
-            sums.append(checksum(raw))
-            continue
-        h = xxhash.xxh3_64()
-        for start in range(0, src.nbytes, _CHUNK):
-            end = min(start + _CHUNK, src.nbytes)
-            dst[off + start:off + end] = src[start:end]
-            h.update(src[start:end])
-        sums.append(h.intdigest())
-    return sums, lengths
 
 
 def parse_header(frame: Frame) -> dict:

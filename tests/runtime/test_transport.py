@@ -238,21 +238,28 @@ def test_peer_on_another_host_falls_back_to_the_socket(tmp_path):
     with_pair("zmq", fn)
 
 
-def test_pack_part_equals_pack_then_fill_for_chunked_and_odd_sizes():
+def test_write_span_equals_pack_then_fill_and_hashes_the_tensors_bytes_in_order():
     import numpy as np
+    import xxhash
 
-    from epdctl.runtime.wire import describe, fill, layout, pack_part, unpack_written
+    from epdctl.runtime.transports.spans import span_sum, write_span
+    from epdctl.runtime.wire import describe, fill, layout, unpack_written
 
-    tensors = {"big": torch.randn(300_001), "odd": torch.arange(13, dtype=torch.int16), "e": torch.empty(0)}
+    tensors = {"big": torch.randn(300_001), "odd": torch.arange(13, dtype=torch.int16), "e": torch.empty(0),
+               "bf": torch.randn(7, 3).bfloat16()}
     frames = pack({"m": 2}, tensors)
     header, bufs = describe({"m": 2}, tensors)
     offsets, total = layout(header["tensors"])
-    a, b = np.zeros(total, np.uint8), np.zeros(total, np.uint8)
+    a, b = np.zeros(total, np.uint8), np.full(total, 7, np.uint8)  # b's padding differs: not hashed
     lengths = fill(frames[0], frames[1:], a)
-    sums, written = pack_part(header["tensors"], bufs, offsets, b, 0, 1)  # in two parts: the big one first
-    more_sums, more_written = pack_part(header["tensors"], bufs, offsets, b, 1, 3)
-    assert np.array_equal(a, b) and written + more_written == lengths
-    assert sums + more_sums == [e["xxh3"] for e in parse_header(frames[0])["tensors"]]
+    first_sum, written = write_span(bufs, offsets, b, 0, 1)  # in two parts: the big one (chunked) first
+    more_sum, more_written = write_span(bufs, offsets, b, 1, 4)
+    assert written + more_written == lengths
+    for off, n in zip(offsets, lengths):
+        assert np.array_equal(a[off:off + n], b[off:off + n])
+    assert first_sum == xxhash.xxh3_64_intdigest(bytes(frames[1]))
+    assert more_sum == xxhash.xxh3_64_intdigest(b"".join(bytes(f) for f in frames[2:]))
+    assert more_sum == span_sum(memoryview(b), offsets[1:], lengths[1:])
     meta, got = unpack_written(frames[0], torch.from_numpy(b), lengths)
     assert meta == {"m": 2}
     assert_same(tensors, got)
@@ -384,3 +391,81 @@ def test_split_cuts_at_tensor_boundaries_and_isolates_large_tensors():
     assert split(table, offsets, total, part_bytes=1 << 20, direct_bytes=300) == [(0, 2), (2, 3), (3, 6), (6, 7), (7, 8)]
     # offsets 0, 64, 128, 640, 704, 768, 832, 1152 (64-byte slots): a part closes once it spans 100
     assert split(table, offsets, total, part_bytes=100) == [(0, 2), (2, 3), (3, 5), (5, 7), (7, 8)]
+
+
+@pytest.mark.parametrize("use_shm, where", [(False, "copied-run"), (True, "copied-run"), (False, "own-memory")])
+def test_damage_after_the_senders_checksum_raises_on_both_ends(monkeypatch, use_shm, where):
+    """A byte changed between the sender's hash and the receiver (in a later part of a run of
+    copied tensors, or in a tensor sent from its own memory) fails both ends with 'checksum'."""
+    from epdctl.runtime.transports import parts
+
+    tensors = {**kv_like(6, 30_000), "big": torch.randn(200_000)}
+    calls = []
+
+    def damaged_write(self, dst, first, last):
+        digest, lengths = parts.write_span(self.bufs, self.offsets, dst, first, last)
+        calls.append(first)
+        if len(calls) == 2:  # the second part, after it was hashed
+            dst[self.offsets[first] + 5] ^= 0x10
+        return digest, lengths
+
+    def damaged_direct(self, i):
+        frame, digest, n = original_direct(self, i)
+        body = bytearray(frame)
+        body[-1] ^= 1
+        return memoryview(body), digest, n
+
+    original_direct = parts.TensorWriter.direct
+    if where == "copied-run":
+        monkeypatch.setattr(parts.TensorWriter, "__call__", damaged_write)
+    else:
+        monkeypatch.setattr(parts.TensorWriter, "direct", damaged_direct)
+
+    async def fn(a, b):
+        a.use_shm, a.shm_min_bytes = use_shm, 0
+        a.part_bytes, a.direct_bytes = 100_000, 500_000
+        with pytest.raises(TransferError, match="checksum"):
+            await a.send(b.address, "bad", {}, tensors)
+        with pytest.raises(TransferError, match="checksum"):
+            await b.recv("bad", 5)
+        monkeypatch.undo()
+        await a.send(b.address, "good", {}, tensors)  # the endpoints keep working
+        assert_same(tensors, (await b.recv("good", 5))[1])
+
+    with_pair("zmq", fn)  # (shared memory copies every tensor: no part there is sent from its own memory)
+
+
+def test_parts_without_their_first_part_raise_on_both_ends():
+    """The last part of a socket message whose first part never came is refused, and the receiver's
+    recv() says the transfer was truncated; a half-sent message is dropped after the timeout."""
+    import zmq
+
+    from epdctl.runtime.transports.streams import Streams
+
+    def orphan_parts(endpoint: str) -> list[bytes]:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.connect(endpoint)
+        try:
+            desc = b'[{"first": 1, "sum": 0, "lengths": [4]}]'
+            sock.send_multipart([b"BLOBPART", b"orphan", b"", desc, b"abcd"])
+            sock.send_multipart([b"BLOB", b"orphan", b"", desc, b"abcd"])
+            assert sock.poll(5000)
+            return sock.recv_multipart()
+        finally:
+            sock.close(linger=0)
+            ctx.term()
+
+    async def fn(a, b):
+        reply = await asyncio.to_thread(orphan_parts, b.address[4:])  # the loop keeps serving b
+        assert reply[0] == b"ERR" and b"without its first part" in reply[1]
+        with pytest.raises(TransferError, match="truncated"):
+            await b.recv("orphan", 5)
+
+    with_pair("zmq", fn)
+    streams = Streams(timeout=0.0)
+    frames = pack({}, {"x": torch.arange(4)})
+    streams.keep(streams.take("half", frames[0]))
+    assert "half" in streams.open
+    streams.purge()
+    assert not streams.open

@@ -2,13 +2,14 @@
 
 ``split`` cuts a message laid out by ``wire.layout`` into parts of about ``PART_BYTES`` (a tensor
 is never split; with ``direct_bytes`` a large tensor is a part of its own, sent from its own
-memory). Every part carries its tensors' checksums and the lengths the sender wrote
-(``part_header``); ``Incoming`` checks each part against the message's header as it comes and
-remembers the first damage, and ``finish`` hands out the tensors (views of the received buffers)
-only when every part arrived whole and in order, so a corrupt, truncated or missing part fails
-both ``send()`` and the receiver's ``recv()``. Parts let a large shared-memory hand-off be
-checked while the rest is written, and keep socket frames of a large message under the size
-where the receiver's allocator maps fresh pages for each one.
+memory). Every part carries the lengths the sender wrote and its checksum: one over the part's
+tensors (``sum``, ``spans.py``: what ``send()`` writes) or one per tensor (``sums``: a packed
+message's own header checksums, ``send_frames()``), (``part_header``); ``Incoming`` checks each
+part against the message's header as it comes and remembers the first damage, and ``finish``
+hands out the tensors (views of the received buffers) only when every part arrived whole and in
+order, so a corrupt, truncated or missing part fails both ``send()`` and the receiver's
+``recv()``. Parts of ~2 MiB let writing, moving and checking a large message overlap, each part
+still in cache (L2/L3) when the next stage reads it.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import numpy as np
 import torch
 
 from ..errors import TransferError
-from ..wire import MAGIC, Frame, checksum, layout, pack_part, tensor_from, unpack_contiguous
+from ..wire import MAGIC, Frame, checksum, layout, tensor_from, unpack_contiguous
+from .spans import View, plan, span_sum, views, write_span
 
-PART_BYTES = 16 << 20  # parts of ~16 MiB: large messages overlap, and each part stays a reused heap buffer at the receiver
+PART_BYTES = 2 << 20  # parts of ~2 MiB: writing, the wire and the check overlap, each part still in cache (L2/L3)
 
 
 
@@ -51,22 +53,25 @@ def span(offsets: list[int], total: int, first: int, last: int) -> tuple[int, in
     return (offsets[first] if first < len(offsets) else total), (offsets[last] if last < len(offsets) else total)
 
 
+Sums = int | list[int]  # one checksum for the part's span (spans.py), or one per tensor (the header's)
+
+
 class Writer(Protocol):
-    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[list[int], list[int]]: ...
+    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[Sums, list[int]]: ...
 
     def direct(self, i: int) -> tuple[Frame, int, int]:
         """Tensor ``i`` as it is (no copy): its bytes, checksum and length."""
 
 
 class TensorWriter:
-    """``send()``'s writer: copy and hash each tensor (the source's checksum, cache-hot), or hand
-    a large one out as it is with its checksum."""
+    """``send()``'s writer: copy a run of tensors and hash the span written (one checksum per
+    part, cache-hot), or hand a large tensor out as it is with its checksum."""
 
     def __init__(self, table: list[dict], bufs: Sequence[memoryview], offsets: list[int]):
         self.table, self.bufs, self.offsets = table, bufs, offsets
 
-    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[list[int], list[int]]:
-        return pack_part(self.table, self.bufs, self.offsets, dst, first, last)
+    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[Sums, list[int]]:
+        return write_span(self.bufs, self.offsets, dst, first, last)
 
     def direct(self, i: int) -> tuple[Frame, int, int]:
         return self.bufs[i], checksum(self.bufs[i]), self.bufs[i].nbytes
@@ -80,7 +85,7 @@ class FrameWriter:
     def __init__(self, table: list[dict], bufs: Sequence[Frame], offsets: list[int], total: int):
         self.table, self.bufs, self.offsets, self.ends = table, bufs, offsets, offsets[1:] + [total]
 
-    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[list[int], list[int]]:
+    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[Sums, list[int]]:
         lengths = []
         for i in range(first, last):
             if i >= len(self.bufs):
@@ -98,8 +103,10 @@ class FrameWriter:
         return self.bufs[i], int(self.table[i].get("xxh3", -1)), memoryview(self.bufs[i]).nbytes
 
 
-def part_header(first: int, sums: list[int], lengths: list[int]) -> dict:
-    return {"first": first, "sums": sums, "lengths": lengths}
+def part_header(first: int, sums: Sums, lengths: list[int]) -> dict:
+    """A part's description: its first tensor, the lengths written, and its checksum (``sum``:
+    over its span) or checksums (``sums``: one per tensor, as in a packed message's header)."""
+    return {"first": first, ("sum" if isinstance(sums, int) else "sums"): sums, "lengths": lengths}
 
 
 @dataclass
@@ -114,11 +121,20 @@ class Incoming:
     next_first: int = 0
     received: int = 0
     error: TransferError | None = None
+    plans: list[View] = field(default_factory=list)
 
     @classmethod
     def open(cls, key: str, header: dict) -> "Incoming":
+        """The receiving state for ``header``; an entry it cannot read (dtype, shape) is its error."""
         offsets, total = layout(header["tensors"])
-        return cls(key, header, offsets, total)
+        incoming = cls(key, header, offsets, total)
+        try:
+            incoming.plans = plan(header["tensors"])
+        except TransferError as exc:
+            incoming.error = exc
+        except (ValueError, KeyError, TypeError) as exc:
+            incoming.error = TransferError(f"malformed header of {key!r}: {exc}")
+        return incoming
 
     def add(self, part: dict, buf: memoryview, whole: bool) -> None:
         """Check one part: ``part`` its header (``part_header``), ``buf`` its bytes (``whole``: the
@@ -136,16 +152,17 @@ class Incoming:
     def size_of(self, desc: dict) -> int:
         """Bytes a part's header says it covers (0 if it is malformed: ``add`` then says why)."""
         try:
-            start, end = span(self.offsets, self.total, int(desc["first"]), int(desc["first"]) + len(desc["sums"]))
+            start, end = span(self.offsets, self.total, int(desc["first"]), int(desc["first"]) + len(desc["lengths"]))
             return max(0, end - start)
         except (ValueError, KeyError, TypeError, IndexError):
             return 0
 
     def _add(self, part: dict, buf: memoryview, whole: bool) -> None:
-        first, sums, lengths = int(part["first"]), list(part["sums"]), list(part["lengths"])
+        first, lengths = int(part["first"]), list(part["lengths"])
         table = self.header["tensors"]
-        last = first + len(sums)
-        if first != self.next_first or last > len(table) or len(lengths) != len(sums):
+        last = first + len(lengths)
+        sums = list(part["sums"]) if "sums" in part else None
+        if first != self.next_first or last > len(table) or (sums is not None and len(sums) != len(lengths)):
             raise TransferError(f"transfer of {self.key!r} truncated or out of order: part for tensors "
                                 f"{first}..{last - 1} after {self.next_first} of {len(table)}")
         entries = table[first:last]
@@ -160,7 +177,14 @@ class Incoming:
         if buf.nbytes < base + need:
             raise TransferError(f"transfer of {self.key!r} truncated: part of {buf.nbytes - base} bytes, "
                                 f"layout needs {need}")
-        if len(entries) == 1:  # a tensor of its own (a direct frame): check it and view it
+        if sums is None:  # one checksum for the part
+            rel = [o - start for o in self.offsets[first:last]]
+            if span_sum(buf[base:base + need], rel, expected) != int(part["sum"]):
+                raise TransferError(f"transfer of {self.key!r} corrupt: checksum (XXH3-64) mismatch in tensors "
+                                    f"{first}..{last - 1}")
+            if entries:
+                self.tensors.update(views(self.plans[first:last], rel, _as_tensor(buf[base:base + need])))
+        elif len(entries) == 1:  # a tensor of its own (a direct frame): check it and view it
             entry = dict(entries[0], xxh3=sums[0])
             self.tensors[entry["name"]] = tensor_from(entry, buf[base:base + need])
         else:

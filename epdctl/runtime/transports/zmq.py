@@ -1,17 +1,20 @@
 """ZMQ transport (default): wire messages over tcp:// or ipc://, or through shared memory.
 
-A message is laid out by ``wire.layout`` and cut at tensor boundaries into parts (``parts.py``),
-each with its tensors' checksums and lengths. On the socket it is ONE message, BLOB: a tensor of
-4 MiB or more is a zero-copy frame of its own memory (hashed, not copied), runs of smaller ones
-are copied and hashed in one pass into slices of a reused send buffer. A message of 256 KiB or
-more to a peer on this host goes through a segment of /dev/shm the receiver lends instead
-(leases.py): the sender writes parts of ~16 MiB into it, SHMPART after each so the receiver
-checks it while the next is written, the last part riding on SHMEND. Each answer to SHMEND lends
-a spare segment, so the next hand-off needs no lease round trip (SHM -> lease -> SHMEND when no
-spare fits). Whether a peer shares the host is found out by the first lease and remembered.
-Receivers hand out views into the received buffer; a message is answered only after every part
-checked out, so ``send()`` returning means delivered, and damage fails both ends.
-"""
+A message is laid out by ``wire.layout`` and cut at tensor boundaries into parts of ~2 MiB
+(``parts.py``), each with one checksum over its tensors (``spans.py``) and the lengths written.
+On the socket each part is its own message (BLOBPART, the first carrying the header; the last is
+BLOB, answered), sent as soon as it is written: the sender copies and hashes part k+1 while part
+k is on the wire and the receiver checks it, each part still in cache when the next stage reads
+it (``streams.py`` keeps the receiver's book). A tensor of 4 MiB or more is a zero-copy part of
+its own memory (hashed, not copied); runs of smaller ones are copied and hashed in one pass into
+slices of a reused send buffer. A message of 256 KiB or more to a peer on this host goes through
+a segment of /dev/shm the receiver lends instead (leases.py), in the same parts: SHMPART after
+each so the receiver checks it while the next is written, the last part riding on SHMEND. Each
+answer to SHMEND lends a spare segment, so the next hand-off needs no lease round trip (SHM ->
+lease -> SHMEND when no spare fits). Whether a peer shares the host is found out by the first
+lease and remembered. Receivers hand out views into the received buffers; a message is answered
+only after every part checked out, so ``send()`` returning means delivered, and damage fails
+both ends."""
 
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from ..wire import Frame, describe, layout, parse_header
 from . import shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
 from .leases import Leases
-from .parts import PART_BYTES, FrameWriter, Incoming, TensorWriter, Writer, part_header, span, split
+from .streams import Streams
+from .parts import PART_BYTES, FrameWriter, Incoming, Sums, TensorWriter, Writer, part_header, span, split
 
 log = logging.getLogger(__name__)
 ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq's zero-copy bookkeeping costs more
@@ -41,7 +45,7 @@ _THREAD_BYTES = 32 << 20    # copy + hash larger parts in a thread so the event 
 DIRECT_BYTES = 4 << 20      # tensors this large go on the socket from their own memory (smaller: a copy beats a zero-copy frame)
 
 
-async def _write(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[list[int], list[int]]:
+async def _write(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[Sums, list[int]]:
     if nbytes >= _THREAD_BYTES:
         return await asyncio.to_thread(write, dst, first, last)
     return write(dst, first, last)
@@ -63,6 +67,7 @@ class ZmqTransport(Endpoint):
         self._maps = shm.SenderMaps()
         self._same_host: dict[str, bool] = {}
         self._leases = Leases(self._pool, timeout)
+        self._streams = Streams(timeout)
         self._spares: dict[str, tuple[str, bytes, int, float]] = {}  # peer -> segment it lent for the next message
         self.part_bytes = PART_BYTES
         self.direct_bytes = DIRECT_BYTES
@@ -112,24 +117,26 @@ class ZmqTransport(Endpoint):
         return sent
 
     async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
-        """One BLOB: each large tensor a zero-copy frame of its own memory (hashed, not copied),
-        runs of small ones copied and hashed into slices of a reused send buffer."""
-        parts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes, self.direct_bytes)
+        """Parts of ~``part_bytes``, each its own message (BLOBPART; the last BLOB, answered), sent
+        as soon as it is written, so that writing, the wire and the receiver's check overlap and
+        each part is still in cache when the next stage reads it."""
         staging = self._staging.take(msg.total)
-        descs, frames, lengths = [], [], []
-        for first, last in parts:
-            if last - first == 1 and msg.header["tensors"][first]["nbytes"] >= self.direct_bytes:
-                frame, digest, n = msg.write.direct(first)
-                sums, written = [digest], [n]
-            else:
-                start, end = span(msg.offsets, msg.total, first, last)
-                sums, written = await _write(msg.write, staging, first, last, end - start)
-                frame = memoryview(staging[start:end])
-            descs.append(part_header(first, sums, written))
-            frames.append(frame)
-            lengths.extend(written)
-        await self.request(peer[4:], [b"BLOB", msg.key.encode(), msg.header_json, json.dumps(descs).encode(), *frames],
-                           f"send {msg.key!r}", copy=msg.total < ZERO_COPY_BYTES)
+        lengths: list[int] = []
+        parts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes, self.direct_bytes)
+
+        async def blobs() -> AsyncIterator[list[Frame]]:
+            for i, (first, last) in enumerate(parts):
+                if last - first == 1 and msg.header["tensors"][first]["nbytes"] >= self.direct_bytes:
+                    frame, digest, n = msg.write.direct(first)  # its own memory, hashed, not copied
+                    sums, written = digest, [n]  # a part of one tensor: its span is its bytes
+                else:  # a run of small tensors, copied and hashed into a slice of the send buffer
+                    start, end = span(msg.offsets, msg.total, first, last)
+                    sums, written = await _write(msg.write, staging, first, last, end - start)
+                    frame = memoryview(staging[start:end])
+                lengths.extend(written)
+                yield [b"BLOB" if i == len(parts) - 1 else b"BLOBPART", msg.key.encode(),
+                       msg.header_json if i == 0 else b"", json.dumps([part_header(first, sums, written)]).encode(), frame]
+        await self.request(peer[4:], None, f"send {msg.key!r}", copy=msg.total < ZERO_COPY_BYTES, stream=blobs())
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 
@@ -188,6 +195,7 @@ class ZmqTransport(Endpoint):
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
         self._leases.purge()
+        self._streams.purge()
         if kind in (b"SHMPART", b"SHMEND") and len(frames) in (3, 5):  # SHMEND: the last part, answered
             xid = bytes(frames[1]).decode()
             lease = self._leases.open.get(xid) if kind == b"SHMPART" else self._leases.open.pop(xid, None)
@@ -202,13 +210,13 @@ class ZmqTransport(Endpoint):
             self.stats["shm_received"] += 1
             reply = self._finish(lease.incoming)
             return reply + self._leases.lend(None, lease.seg.size) if reply == [b"OK"] else reply
-        if kind == b"BLOB" and len(frames) >= 4:
-            try:
-                incoming = Incoming.open(bytes(frames[1]).decode(), parse_header(frames[2]))
-            except (TransferError, KeyError, TypeError, ValueError) as exc:
-                return [b"ERR", f"bad message header: {exc}".encode()]
+        if kind in (b"BLOB", b"BLOBPART") and len(frames) >= 4:  # BLOB: the last part, answered
+            incoming = self._streams.take(bytes(frames[1]).decode(errors="replace"), frames[2])
             await self._add(incoming, frames[3], frames[4:], whole=False)
-            return self._finish(incoming)
+            if kind == b"BLOB":
+                return self._finish(incoming)
+            self._streams.keep(incoming)
+            return None
         if kind == b"SHM" and len(frames) == 3:
             return self._leases.for_message(bytes(frames[1]).decode(), bytes(frames[2]))
         if kind == b"DROP" and len(frames) == 2:
