@@ -12,8 +12,7 @@ per message (``plan``), not per part.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -54,34 +53,34 @@ def span_sum(buf: memoryview, offsets: Sequence[int], lengths: Sequence[int]) ->
     return h.intdigest()
 
 
-@dataclass(frozen=True)
-class View:
+class View(NamedTuple):
     """How one tensor is read out of a span: its name, dtype, item size, shape and strides."""
     name: str
     dtype: torch.dtype
     itemsize: int
-    nbytes: int
     shape: tuple[int, ...]
     strides: tuple[int, ...]
 
 
 def plan(table: list[dict]) -> list[View]:
     """Check every header entry once (known dtype, shape that matches its bytes)."""
-    views = []
+    out = []
     for entry in table:
-        name, dtype = entry.get("name"), _DTYPES.get(entry.get("dtype", ""))
+        dtype = _DTYPES.get(entry["dtype"])
         if dtype is None:
-            raise TransferError(f"tensor {name!r}: unknown dtype {entry.get('dtype')!r}")
-        shape = tuple(int(d) for d in entry["shape"])
+            raise TransferError(f"tensor {entry.get('name')!r}: unknown dtype {entry['dtype']!r}")
+        shape = tuple(map(int, entry["shape"]))
         strides, step = [], 1
         for d in reversed(shape):
             strides.append(step)
             step *= d
         size = _ITEMSIZE[entry["dtype"]]
         if step * size != entry["nbytes"]:
-            raise TransferError(f"tensor {name!r}: shape {list(shape)} does not match {entry['nbytes']} bytes")
-        views.append(View(str(name), dtype, size, int(entry["nbytes"]), shape, tuple(reversed(strides))))
-    return views
+            raise TransferError(f"tensor {entry.get('name')!r}: shape {list(shape)} does not match "
+                                f"{entry['nbytes']} bytes")
+        strides.reverse()
+        out.append(View(str(entry["name"]), dtype, size, shape, tuple(strides)))
+    return out
 
 
 def views(plans: Sequence[View], offsets: Sequence[int], span: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -89,9 +88,9 @@ def views(plans: Sequence[View], offsets: Sequence[int], span: torch.Tensor) -> 
     the span viewed once per dtype, then one ``as_strided`` per tensor."""
     typed: dict[torch.dtype, torch.Tensor] = {}
     out: dict[str, torch.Tensor] = {}
-    for p, off in zip(plans, offsets):
-        whole = typed.get(p.dtype)
+    for (name, dtype, itemsize, shape, strides), off in zip(plans, offsets):
+        whole = typed.get(dtype)
         if whole is None:
-            whole = typed[p.dtype] = span[:span.numel() // p.itemsize * p.itemsize].view(p.dtype)
-        out[p.name] = whole.as_strided(p.shape, p.strides, whole.storage_offset() + off // p.itemsize)
+            whole = typed[dtype] = span[:span.numel() // itemsize * itemsize].view(dtype)
+        out[name] = whole.as_strided(shape, strides, whole.storage_offset() + off // itemsize)
     return out
