@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 30.0
 UNCLAIMED_TTL = 300.0      # arrived data nobody asked for is dropped after this long
 _OFFLOAD_BYTES = 32 << 20  # verify larger payloads in a thread so the event loop keeps serving
+_DRAIN = 8                 # queued messages taken in a row before the loop gets a turn
 _IDLE_PER_PEER = 8         # pooled sockets kept per peer (more concurrent sends open more, then close them)
 
 
@@ -71,9 +72,19 @@ class Endpoint:
 
     async def _serve(self) -> None:
         assert self.router is not None
+        drained = 0
         while True:
             try:
-                msg = await self.router.recv_multipart(copy=False)
+                msg = None
+                if drained < _DRAIN:  # a message already queued (the next part): take it without a loop round
+                    try:
+                        msg = await self.router.recv_multipart(flags=zmq.DONTWAIT, copy=False)
+                        drained += 1
+                    except zmq.Again:
+                        pass
+                if msg is None:
+                    drained = 0
+                    msg = await self.router.recv_multipart(copy=False)
             except (asyncio.CancelledError, zmq.ContextTerminated):
                 return
             ident, frames = msg[0], [f.buffer for f in msg[1:]]
