@@ -304,15 +304,18 @@ def kv_like(n: int, numel: int) -> dict[str, torch.Tensor]:
             for i in range(n)}
 
 
-@pytest.mark.parametrize("use_shm", [False, True])
-def test_message_in_many_parts_arrives_whole(use_shm):
-    """Parts of 64 KiB (shared memory) and tensors sent from their own memory (socket): many
-    parts, odd sizes, every dtype; the receiver gets exactly the tensors."""
+@pytest.mark.parametrize("use_shm, pipelined", [(False, True), (False, False), (True, True)])
+def test_message_in_many_parts_arrives_whole(use_shm, pipelined):
+    """Parts of 64 KiB (shared memory; on the socket each its own message, or all in one message
+    as a large one goes) and tensors sent from their own memory (socket): many parts, odd sizes,
+    every dtype; the receiver gets exactly the tensors."""
     tensors = {**kv_like(9, 20_011), **sample_tensors(), "big": torch.randn(300_000)}
 
     async def fn(a, b):
         a.use_shm = use_shm
         a.part_bytes, a.direct_bytes = 64 * 1024, 100_000
+        if not pipelined:
+            a.pipeline_bytes, a.large_part_bytes = 0, 64 * 1024  # as a large message goes: one BLOB, many frames
         for key in ("m1", "m2"):
             await a.send(b.address, key, {"k": key}, tensors)
             meta, got = await b.recv(key, 5)
