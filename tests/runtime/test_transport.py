@@ -313,6 +313,7 @@ def test_message_in_many_parts_arrives_whole(use_shm, pipelined):
 
     async def fn(a, b):
         a.use_shm = use_shm
+        a.pipeline_min_bytes = 0
         a.part_bytes, a.direct_bytes = 64 * 1024, 100_000
         if not pipelined:
             a.pipeline_bytes, a.large_part_bytes = 0, 64 * 1024  # as a large message goes: one BLOB, many frames
@@ -343,6 +344,7 @@ def test_damage_in_a_later_part_raises_on_both_ends(use_shm, damage):
 
     async def fn(a, b):
         a.use_shm, a.shm_min_bytes = use_shm, 0
+        a.pipeline_min_bytes = 0
         a.part_bytes, a.direct_bytes = 100_000, 100_000
         with pytest.raises(TransferError):
             await a.send_frames(b.address, "bad", bad)
@@ -426,6 +428,7 @@ def test_damage_after_the_senders_checksum_raises_on_both_ends(monkeypatch, use_
 
     async def fn(a, b):
         a.use_shm, a.shm_min_bytes = use_shm, 0
+        a.pipeline_min_bytes = 0
         a.part_bytes, a.direct_bytes = 100_000, 500_000
         with pytest.raises(TransferError, match="checksum"):
             await a.send(b.address, "bad", {}, tensors)

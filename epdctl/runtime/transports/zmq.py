@@ -5,8 +5,8 @@ A message is laid out by ``wire.layout`` and cut at tensor boundaries into parts
 On the socket each part is its own message (BLOBPART, the first carrying the header; the last is
 BLOB, answered), sent as soon as it is written: the sender copies and hashes part k+1 while part
 k is on the wire and the receiver checks it, each part still in cache when the next stage reads
-it (``streams.py`` keeps the receiver's book); a message over 32 MiB goes as one BLOB of <= 16 MiB
-frames. A tensor of 4 MiB or more is a zero-copy part of
+it (``streams.py`` keeps the receiver's book); a message under 8 MiB or over 32 MiB goes as one
+BLOB of <= 16 MiB frames, and one under 8 MiB is one part in shared memory too. A tensor of 4 MiB or more is a zero-copy part of
 its own memory (hashed, not copied); runs of smaller ones are copied and hashed in one pass into
 slices of a reused send buffer. A message of 256 KiB or more to a peer on this host goes through
 a segment of /dev/shm the receiver lends instead (leases.py), in the same parts: SHMPART after
@@ -44,6 +44,7 @@ ZERO_COPY_BYTES = 1 << 20   # smaller payloads are copied into the frame: pyzmq'
 SHM_MIN_BYTES = 256 * 1024  # below this, one inline message beats the extra lease round trip
 _THREAD_BYTES = 32 << 20    # copy + hash larger parts in a thread so the event loop keeps serving
 PIPELINE_BYTES = 32 << 20   # larger socket messages go as one message of LARGE_PART_BYTES frames (not pipelined)
+PIPELINE_MIN_BYTES = 8 << 20  # smaller messages are one part: the extra messages cost more than the overlap saves
 LARGE_PART_BYTES = 16 << 20
 DIRECT_BYTES = 4 << 20      # tensors this large go on the socket from their own memory (smaller: a copy beats a zero-copy frame)
 
@@ -75,6 +76,7 @@ class ZmqTransport(Endpoint):
         self.part_bytes = PART_BYTES
         self.direct_bytes = DIRECT_BYTES
         self.pipeline_bytes, self.large_part_bytes = PIPELINE_BYTES, LARGE_PART_BYTES
+        self.pipeline_min_bytes = PIPELINE_MIN_BYTES
         self.stats.update({"shm_sent": 0, "shm_received": 0})
 
     @classmethod
@@ -124,12 +126,13 @@ class ZmqTransport(Endpoint):
         """Parts of ~``part_bytes``, each its own message (BLOBPART; the last BLOB, answered), sent
         as soon as it is written, so that writing, the wire and the receiver's check overlap and
         each part is still in cache when the next stage reads it. A message larger than
-        ``pipeline_bytes`` cannot stay in cache: it goes as ONE BLOB of <= 16 MiB frames (measured:
-        pipelining it only adds contention for the two cores)."""
+        ``pipeline_bytes`` cannot stay in cache, and one under ``pipeline_min_bytes`` gains less than
+        its extra messages cost: either goes as ONE BLOB of <= 16 MiB frames (measured: pipelining
+        them only adds work and contention for the two cores)."""
         staging = self._staging.take(msg.total)
         lengths: list[int] = []
         table = msg.header["tensors"]
-        if msg.total > self.pipeline_bytes:
+        if not self.pipeline_min_bytes <= msg.total <= self.pipeline_bytes:
             groups = [split(table, msg.offsets, msg.total, self.large_part_bytes, self.direct_bytes)]
         else:
             groups = [[part] for part in split(table, msg.offsets, msg.total, self.part_bytes, self.direct_bytes)]
@@ -186,7 +189,8 @@ class ZmqTransport(Endpoint):
         lengths: list[int] = []
 
         async def parts() -> AsyncIterator[list[Frame]]:
-            cuts = split(msg.header["tensors"], msg.offsets, msg.total, self.part_bytes)
+            size = self.part_bytes if msg.total >= self.pipeline_min_bytes else self.large_part_bytes
+            cuts = split(msg.header["tensors"], msg.offsets, msg.total, size)
             for i, (first, last) in enumerate(cuts):
                 start, end = span(msg.offsets, msg.total, first, last)
                 sums, written = await _write(msg.write, dst, first, last, end - start)
