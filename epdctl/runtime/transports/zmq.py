@@ -123,12 +123,10 @@ class ZmqTransport(Endpoint):
         return sent
 
     async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
-        """Parts of ~``part_bytes``, each its own message (BLOBPART; the last BLOB, answered), sent
-        as soon as it is written, so that writing, the wire and the receiver's check overlap and
-        each part is still in cache when the next stage reads it. A message larger than
-        ``pipeline_bytes`` cannot stay in cache, and one under ``pipeline_min_bytes`` gains less than
-        its extra messages cost: either goes as ONE BLOB of <= 16 MiB frames (measured: pipelining
-        them only adds work and contention for the two cores)."""
+        """Parts of ~``part_bytes``, each its own message (BLOBPART; the last BLOB, answered) sent
+        as soon as it is written: writing, wire and check overlap, each part still in cache. Over
+        ``pipeline_bytes`` (no longer in cache) or under ``pipeline_min_bytes`` (the extra messages
+        cost more than the overlap saves): ONE BLOB of <= 16 MiB frames, as measured best."""
         staging = self._staging.take(msg.total)
         lengths: list[int] = []
         table = msg.header["tensors"]
@@ -137,23 +135,30 @@ class ZmqTransport(Endpoint):
         else:
             groups = [[part] for part in split(table, msg.offsets, msg.total, self.part_bytes, self.direct_bytes)]
 
+        async def blob(i: int) -> list[Frame]:
+            descs, frames = [], []
+            for first, last in groups[i]:
+                if last - first == 1 and table[first]["nbytes"] >= self.direct_bytes:
+                    frame, digest, n = msg.write.direct(first)  # its own memory, hashed, not copied
+                    sums, written = digest, [n]  # a part of one tensor: its span is its bytes
+                else:  # a run of small tensors, copied and hashed into a slice of the send buffer
+                    start, end = span(msg.offsets, msg.total, first, last)
+                    sums, written = await _write(msg.write, staging, first, last, end - start)
+                    frame = memoryview(staging[start:end])
+                lengths.extend(written)
+                descs.append(part_header(first, sums, written))
+                frames.append(frame)
+            return [b"BLOB" if i == len(groups) - 1 else b"BLOBPART", msg.key.encode(),
+                    msg.header_json if i == 0 else b"", json.dumps(descs).encode(), *frames]
+
         async def blobs() -> AsyncIterator[list[Frame]]:
-            for i, group in enumerate(groups):
-                descs, frames = [], []
-                for first, last in group:
-                    if last - first == 1 and table[first]["nbytes"] >= self.direct_bytes:
-                        frame, digest, n = msg.write.direct(first)  # its own memory, hashed, not copied
-                        sums, written = digest, [n]  # a part of one tensor: its span is its bytes
-                    else:  # a run of small tensors, copied and hashed into a slice of the send buffer
-                        start, end = span(msg.offsets, msg.total, first, last)
-                        sums, written = await _write(msg.write, staging, first, last, end - start)
-                        frame = memoryview(staging[start:end])
-                    lengths.extend(written)
-                    descs.append(part_header(first, sums, written))
-                    frames.append(frame)
-                yield [b"BLOB" if i == len(groups) - 1 else b"BLOBPART", msg.key.encode(),
-                       msg.header_json if i == 0 else b"", json.dumps(descs).encode(), *frames]
-        await self.request(peer[4:], None, f"send {msg.key!r}", copy=msg.total < ZERO_COPY_BYTES, stream=blobs())
+            for i in range(len(groups)):
+                yield await blob(i)
+        what, copy = f"send {msg.key!r}", msg.total < ZERO_COPY_BYTES
+        if len(groups) == 1:  # one message: no generator to drive
+            await self.request(peer[4:], await blob(0), what, copy=copy)
+        else:
+            await self.request(peer[4:], None, what, copy=copy, stream=blobs())
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 
