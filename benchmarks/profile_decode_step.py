@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_decode_batch import prefills  # noqa: E402
 from bench_stages import model_dir  # noqa: E402
-from epdctl.runtime import kv_slots, slot_attention  # noqa: E402
+from epdctl.runtime import kv_slots, packed_gemm, slot_attention  # noqa: E402
 from epdctl.runtime.decode_engine import DecodeEngine  # noqa: E402
 from epdctl.runtime.model import load_bundle  # noqa: E402
 from epdctl.runtime.sampling import SamplingParams  # noqa: E402
@@ -81,14 +81,17 @@ class Split:
                 return fn(*args, **kwargs)
             finally:
                 self.t[key] += time.perf_counter() - t0
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
 
     @contextlib.contextmanager
     def installed(self, engine: DecodeEngine) -> Iterator[None]:
         F = torch.nn.functional
         linear, update, attn = F.linear, kv_slots.SlotCache.update, slot_attention.slot_attention
+        packed_linear = packed_gemm._linear
         lm_call = engine.lm.forward
         F.linear = self.wrap("gemm", linear)  # type: ignore[assignment]
+        packed_gemm._linear = self.wrap("gemm", packed_linear)  # the oneDNN path of wide steps
         kv_slots.SlotCache.update = self.wrap("kv_write", update)  # type: ignore[method-assign]
         slot_attention.AttentionInterface.register(slot_attention.NAME, self.wrap("attention", attn))
         engine.lm.forward = self.wrap("forward", lm_call)  # type: ignore[method-assign]
@@ -96,6 +99,7 @@ class Split:
             yield
         finally:
             F.linear = linear  # type: ignore[assignment]
+            packed_gemm._linear = packed_linear
             kv_slots.SlotCache.update = update  # type: ignore[method-assign]
             slot_attention.AttentionInterface.register(slot_attention.NAME, attn)
             del engine.lm.forward
@@ -113,9 +117,11 @@ class Split:
 def split_pass(bundle: Any, results: list, n: int, steps: int) -> dict[str, float]:
     engine = engine_with(bundle, results, n, steps)
     split = Split()
-    head = engine.lm_head
+    head, packed = engine.lm_head, engine.packed
     with split.installed(engine):
         head.forward = split.wrap("lm_head", head.forward)  # type: ignore[method-assign]
+        if packed is not None:
+            packed.lm_head = split.wrap("lm_head", packed.lm_head)  # type: ignore[assignment]
         try:
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -123,6 +129,8 @@ def split_pass(bundle: Any, results: list, n: int, steps: int) -> dict[str, floa
             total = time.perf_counter() - t0
         finally:
             del head.forward
+            if packed is not None:
+                packed.lm_head = packed.lm_head.__wrapped__  # type: ignore[attr-defined]
     return split.parts(total, steps)
 
 
