@@ -4,8 +4,8 @@ A decode step is hundreds of small ops. Every op torch or MKL parallelises wakes
 threads, and a disaggregated decode runs with ``OMP_WAIT_POLICY=PASSIVE`` (idle threads sleep, so
 it does not starve encoders on shared cores; see __main__.py), so each wake is a futex round trip.
 On the tiny model (2 cores, docs/embedded-runtime.md) two threads made steps slower at every
-batch size measured, 1 to 16 rows: about 1.6x at one row and 2x at 16 with passive waits, no
-gain at 16 with spinning waits. A model whose GEMMs are large per step (a real Qwen2-VL: ~1.5 G
+batch size measured, 1 to 16 rows: 1.5-1.8x slower at one row and 1.7-2x at 16 with passive
+waits, 0.98-1.14x with spinning waits. A model whose GEMMs are large per step (a real Qwen2-VL: ~1.5 G
 multiply-adds per row) is the opposite case. So a step uses the worker's pool only when its
 rows times the language model's multiply-adds per row reach ``POOL_MIN_MACS`` (the tiny model:
 1.5 M per row, 24 M at 16 rows, stays on one thread), and the pool is restored after the step
