@@ -11,7 +11,8 @@ unchanged. Both accumulate in fp32; tokens do not depend on which path a step to
 engine's tests check batched tokens and logits against each sequence decoded alone).
 
 Weights are copied (packed) once when the decode engine starts; the model must not be trained
-in place afterwards (no role does).
+in place afterwards (no role does). The copy doubles the MLPs' and lm_head's memory, so models
+whose copy would exceed ``MAX_COPY_BYTES`` (a real Qwen2-VL: gigabytes) keep MKL throughout.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 MIN_ROWS = 8  # at 8+ rows oneDNN's packed GEMMs beat MKL on every decode shape measured
+MAX_COPY_BYTES = 256 << 20  # the tiny model's copy: ~6 MB
 
 
 def available() -> bool:
@@ -86,9 +88,16 @@ class PackedLayers:
                 del mlp.forward
 
 
-def packed_for(lm: Any, lm_head: torch.nn.Linear) -> PackedLayers | None:
-    """PackedLayers for ``lm`` when oneDNN is there and the model has Qwen2's fp32 gated MLP, else None."""
+def packed_for(lm: Any, lm_head: torch.nn.Linear, max_copy_bytes: int = MAX_COPY_BYTES) -> PackedLayers | None:
+    """PackedLayers for ``lm`` when oneDNN is there, the model has Qwen2's fp32 gated MLP and the
+    packed copy fits ``max_copy_bytes``; else None (MKL for every step)."""
     if not available() or lm_head.weight.dtype != torch.float32:
+        return None
+    try:
+        copy = sum(p.numel() * p.element_size() for layer in lm.layers for p in layer.mlp.parameters())
+    except AttributeError:
+        return None
+    if copy + lm_head.weight.numel() * lm_head.weight.element_size() > max_copy_bytes:
         return None
     try:
         return PackedLayers(lm, lm_head)

@@ -34,6 +34,12 @@ def test_packed_mlp_and_head_equal_the_modules(bundle, rows):
         assert torch.allclose(packed.lm_head(x[:, 0]), bundle.model.lm_head(x[:, 0]), atol=1e-5)
 
 
+@needs_onednn
+def test_no_packed_copy_for_a_model_too_big_to_copy(bundle):
+    lm = bundle.model.model.language_model
+    assert packed_gemm.packed_for(lm, bundle.model.lm_head, max_copy_bytes=1024) is None
+
+
 def test_packed_mlp_refuses_a_biased_gate():
     class Mlp(torch.nn.Module):
         def __init__(self) -> None:
