@@ -14,6 +14,8 @@ rounds alternating between the batch sizes so a change in the host's load hits a
   activations, embeddings, transformers' module calls), measured with timers around each part
   (separate passes, alternating 1 and 16 streams, each part's least of ``--rounds``: the timers
   add ~0.3 us per call, so the split is reported apart from the fit).
+* with ``--ops``, torch.profiler's per-op table at 1 and 16 streams (self CPU time and calls per
+  step) and what each op adds per stream: which ops grow with the batch.
 * the floor of ``b`` on this core: the per-stream FLOPs of the GEMMs at the GEMM rate measured
   at 16 rows, and the bytes of KV attention reads per stream at the rate of a plain read.
 
@@ -41,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_decode_batch import prefills  # noqa: E402
 from bench_stages import model_dir  # noqa: E402
-from epdctl.runtime import kv_slots, slot_attention  # noqa: E402
+from epdctl.runtime import kv_slots, packed_gemm, slot_attention  # noqa: E402
 from epdctl.runtime.decode_engine import DecodeEngine  # noqa: E402
 from epdctl.runtime.model import load_bundle  # noqa: E402
 from epdctl.runtime.sampling import SamplingParams  # noqa: E402
@@ -81,14 +83,17 @@ class Split:
                 return fn(*args, **kwargs)
             finally:
                 self.t[key] += time.perf_counter() - t0
+        timed.__wrapped__ = fn  # type: ignore[attr-defined]
         return timed
 
     @contextlib.contextmanager
     def installed(self, engine: DecodeEngine) -> Iterator[None]:
         F = torch.nn.functional
         linear, update, attn = F.linear, kv_slots.SlotCache.update, slot_attention.slot_attention
+        packed_linear = packed_gemm._linear
         lm_call = engine.lm.forward
         F.linear = self.wrap("gemm", linear)  # type: ignore[assignment]
+        packed_gemm._linear = self.wrap("gemm", packed_linear)  # the oneDNN path of wide steps
         kv_slots.SlotCache.update = self.wrap("kv_write", update)  # type: ignore[method-assign]
         slot_attention.AttentionInterface.register(slot_attention.NAME, self.wrap("attention", attn))
         engine.lm.forward = self.wrap("forward", lm_call)  # type: ignore[method-assign]
@@ -96,6 +101,7 @@ class Split:
             yield
         finally:
             F.linear = linear  # type: ignore[assignment]
+            packed_gemm._linear = packed_linear
             kv_slots.SlotCache.update = update  # type: ignore[method-assign]
             slot_attention.AttentionInterface.register(slot_attention.NAME, attn)
             del engine.lm.forward
@@ -113,9 +119,11 @@ class Split:
 def split_pass(bundle: Any, results: list, n: int, steps: int) -> dict[str, float]:
     engine = engine_with(bundle, results, n, steps)
     split = Split()
-    head = engine.lm_head
+    head, packed = engine.lm_head, engine.packed
     with split.installed(engine):
         head.forward = split.wrap("lm_head", head.forward)  # type: ignore[method-assign]
+        if packed is not None:
+            packed.lm_head = split.wrap("lm_head", packed.lm_head)  # type: ignore[assignment]
         try:
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -123,7 +131,29 @@ def split_pass(bundle: Any, results: list, n: int, steps: int) -> dict[str, floa
             total = time.perf_counter() - t0
         finally:
             del head.forward
+            if packed is not None:
+                packed.lm_head = packed.lm_head.__wrapped__  # type: ignore[attr-defined]
     return split.parts(total, steps)
+
+
+def op_table(bundle: Any, results: list, steps: int, rounds: int) -> list[dict[str, Any]]:
+    """Per op: self CPU us and calls per step at 1 and 16 streams (least of ``rounds``), largest growth first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per: dict[int, dict[str, tuple[float, float]]] = {1: {}, 16: {}}
+    for _ in range(rounds):
+        for n in per:
+            engine = engine_with(bundle, results, n, steps)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                time_steps(engine, steps)
+            for ev in prof.key_averages():
+                us, calls = ev.self_cpu_time_total / steps, ev.count / steps
+                per[n][ev.key] = (min(us, per[n].get(ev.key, (us, 0))[0]), calls)
+    rows = [{"op": k, "us_1": per[1].get(k, (0, 0))[0], "calls_1": per[1].get(k, (0, 0))[1],
+             "us_16": per[16].get(k, (0, 0))[0], "calls_16": per[16].get(k, (0, 0))[1]} for k in set(per[1]) | set(per[16])]
+    for r in rows:
+        r["us_per_stream"] = (r["us_16"] - r["us_1"]) / 15
+    return sorted(rows, key=lambda r: -r["us_per_stream"])
 
 
 def fit(ns: list[int], ts: list[float]) -> tuple[float, float]:
@@ -172,6 +202,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64, help="steps timed per batch size and round")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--ops", action="store_true", help="also torch.profiler's per-op table at 1 and 16 streams")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_profile.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -209,6 +240,12 @@ def main() -> None:
     floor_b = (floor["gemm_floor_us"] + floor["kv_read_floor_us"]) / 1e3
     print(f"with b at that floor and a = {a:.3f} ms: 16 streams / 1 stream <= "
           f"{16 * (a + floor_b) / (a + 16 * floor_b):.2f}x")
+    ops = op_table(bundle, results, args.steps, args.rounds) if args.ops else []
+    if ops:
+        print(f"{'op (torch.profiler, self CPU)':>32} {'1: us':>7} {'calls':>6} {'16: us':>7} {'calls':>6} {'us/stream':>9}")
+        for r in ops[:15]:
+            print(f"{r['op'][:32]:>32} {r['us_1']:7.1f} {r['calls_1']:6.0f} {r['us_16']:7.1f} {r['calls_16']:6.0f} "
+                  f"{r['us_per_stream']:9.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
@@ -216,7 +253,7 @@ def main() -> None:
         "steps": args.steps, "rounds": args.rounds, "ms_per_step": ms, "fit_ms": {"a": a, "b": b},
         "ratio_16_over_1": {"measured": measured, "fit": 16 * (a + b) / (a + 16 * b),
                             "at_floor": 16 * (a + floor_b) / (a + 16 * floor_b)},
-        "split_ms": split, "per_stream_us": per_stream, "floor": floor}, indent=2) + "\n")
+        "split_ms": split, "per_stream_us": per_stream, "floor": floor, "ops": ops[:25]}, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -6,19 +6,24 @@ never a rebuild of a padded batch. Rows of different lengths share the step unde
 hides each row's unused columns, and each row gets its own M-RoPE position (its length + its
 rope_delta), so a sequence's tokens do not depend on who it is batched with. A new sequence
 joins the running batch at the next step. Every row is sampled in one batched call (greedy
-or temperature/top-p, seeded or not) with one device-to-host copy per step.
+or temperature/top-p, seeded or not) with one device-to-host copy per step. A step runs on one
+intra-op thread unless its GEMMs are big enough to pay for the pool (decode_threads.py), and
+steps of packed_gemm.MIN_ROWS+ rows run the MLPs and lm_head through oneDNN (packed_gemm.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
 import torch
 
+from .decode_threads import StepThreads, macs_per_row
 from .errors import RuntimeWorkerError
 from .kv_slots import KVSlots, SlotCache
 from .model import ModelBundle
+from .packed_gemm import MIN_ROWS, packed_for
 from .prefill_engine import PrefillResult
 from .sampling import SamplingParams, sample_batch
 from .slot_attention import additive_mask, use_for
@@ -56,6 +61,8 @@ class DecodeEngine:
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         self.slots = KVSlots(tc.num_hidden_layers, tc.num_key_value_heads, head_dim, bundle.dtype)
         self._by_slot: list[_Seq] = []
+        self.packed = packed_for(self.lm, self.lm_head)  # oneDNN GEMMs for steps of MIN_ROWS+ rows
+        self.threads = StepThreads(macs_per_row(self.lm, self.lm_head))  # the pool only for big steps
         self.steps = 0
         self.forward_passes = 0
 
@@ -134,19 +141,25 @@ class DecodeEngine:
         """Logits of every token of a finished sequence (``keep_logits=True`` only; for exactness checks)."""
         return self._finished_logits.pop(seq_id, [])
 
-    @torch.inference_mode()
     def _forward(self, n: int) -> list[int]:
         """One batched step of the first ``n`` slots (the sequences in ``_by_slot``)."""
         self.forward_passes += 1
+        with self.threads.applied(n):
+            return self._step_rows(n)
+
+    @torch.inference_mode()
+    def _step_rows(self, n: int) -> list[int]:
         seqs = self._by_slot[:n]
         cache = SlotCache(self.slots, n)
         ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long)
         pos = (cache.cols + torch.tensor([s.rope_delta for s in seqs], dtype=torch.long)).view(1, n, 1).expand(3, n, 1)
         mask = {"full_attention": additive_mask(cache.cols, cache.width, self.bundle.dtype)}
-        with use_for(self.lm.config):
+        packed = self.packed if self.packed is not None and n >= MIN_ROWS else None
+        with use_for(self.lm.config), packed.installed() if packed else contextlib.nullcontext():
             out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
                           use_cache=True)
-        logits = self.lm_head(out.last_hidden_state[:, -1]).float()
+        hidden = out.last_hidden_state[:, -1]
+        logits = (packed.lm_head(hidden) if packed else self.lm_head(hidden)).float()
         for i in range(n):
             self.slots.lengths[i] += 1
         if self.keep_logits:

@@ -91,14 +91,19 @@ class SlotCache:
     def __init__(self, slots: KVSlots, n: int):
         """The batch of slots 0..n-1."""
         self.slots = slots
-        self.rows = torch.arange(n)
+        self.n = n
         self.cols = torch.tensor(slots.lengths[:n], dtype=torch.long)
         self.width = max(slots.lengths[:n]) + 1
+        _, heads, capacity, dim = slots.keys[0].shape
+        # row i, head h writes table row (i * heads + h) * capacity + cols[i] of the [-1, dim] view:
+        # one index_copy_ per table and layer (2.4-2.9 us against 4.4-4.9 for k[rows, :, cols] = ...)
+        self.flat = ((torch.arange(n).view(-1, 1) * heads + torch.arange(heads)) * capacity
+                     + self.cols.view(-1, 1)).view(-1)
+        self.dim = dim
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Write each row's new K/V ([n, heads, 1, dim]) at its length; the batch's view back."""
         k, v = self.slots.keys[layer_idx], self.slots.values[layer_idx]
-        k[self.rows, :, self.cols] = key_states[:, :, 0]
-        v[self.rows, :, self.cols] = value_states[:, :, 0]
-        n = len(self.rows)
-        return k[:n, :, :self.width], v[:n, :, :self.width]
+        k.view(-1, self.dim).index_copy_(0, self.flat, key_states.reshape(-1, self.dim))
+        v.view(-1, self.dim).index_copy_(0, self.flat, value_states.reshape(-1, self.dim))
+        return k[:self.n, :, :self.width], v[:self.n, :, :self.width]

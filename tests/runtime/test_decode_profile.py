@@ -49,3 +49,30 @@ def test_split_sees_every_part_of_a_step(bundle, images):
     assert torch.nn.functional.linear is torch._C._nn.linear
     assert prof.slot_attention.AttentionInterface._global_mapping[prof.slot_attention.NAME] is \
         prof.slot_attention.slot_attention
+
+
+def _results(bundle, images, count: int) -> list:
+    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
+    out = []
+    for i in range(count):
+        encoded = enc.encode(images[i % 4:i % 4 + 1])
+        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
+        out.append(pre.prefill(prompt, encoded, SamplingParams(max_tokens=8)))
+    return out
+
+
+def test_split_sees_the_packed_gemms_of_a_wide_step(bundle, images):
+    results = _results(bundle, images, prof.packed_gemm.MIN_ROWS)
+    engine = prof.engine_with(bundle, results, len(results), 4)
+    if engine.packed is None:
+        pytest.skip("torch built without oneDNN")
+    parts = prof.split_pass(bundle, results, len(results), steps=4)
+    assert parts["gemm"] > 0 and parts["attention"] > 0 and parts["rest_of_forward"] > 0
+    assert prof.packed_gemm._linear.__name__ == "_linear"  # unwrapped again
+
+
+def test_op_table_names_the_ops_that_grow_with_the_batch(bundle, images):
+    rows = prof.op_table(bundle, _results(bundle, images, 16), steps=2, rounds=1)
+    ops = {r["op"]: r for r in rows}
+    assert "aten::bmm" in ops and ops["aten::bmm"]["calls_16"] == ops["aten::bmm"]["calls_1"] > 0
+    assert rows == sorted(rows, key=lambda r: -r["us_per_stream"])
