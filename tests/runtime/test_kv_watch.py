@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime.servers.bootstrap import KVBootstrap, await_kv, register_route
+from epdctl.runtime.servers.bootstrap import KVBootstrap, await_kv, first_key, register_route
 
 KEY = "s3cret-kv"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -123,3 +123,21 @@ def test_a_route_already_registered_is_taken_without_waiting() -> None:
         assert await waiter == "zmq+tcp://x:2"
 
     asyncio.run(run())
+
+
+def test_a_decode_that_asks_for_the_first_token_is_remembered_once_per_room() -> None:
+    port = _port()
+
+    async def run() -> list[bool]:
+        boot = KVBootstrap()
+        runner = await _serve(boot, port)
+        async with aiohttp.ClientSession() as s:
+            await register_route(s, "127.0.0.1", port, 11, "zmq+tcp://x:1", first_token=True)
+            await register_route(s, "127.0.0.1", port, 12, "zmq+tcp://x:2")  # an older decode: KV only
+        await runner.cleanup()
+        got = [await boot.wait_route("11", 1.0) == "zmq+tcp://x:1", boot.wants_first("11"), boot.wants_first("11"),
+               boot.take_route("12") == "zmq+tcp://x:2", boot.wants_first("12")]
+        assert first_key("11") == "11/first" and first_key("11") != "11"
+        return got
+
+    assert asyncio.run(run()) == [True, True, False, True, False]

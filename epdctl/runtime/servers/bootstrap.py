@@ -2,7 +2,9 @@
 
 The router sends the same body to both at once; either may arrive first. The decode POSTs
 ``/kv/route {"room", "reply_to"}`` to the prefill's ``--bootstrap-port``; the prefill waits
-(bounded) for that route before sending the KV. Routes nobody claims expire, so rooms that
+(bounded) for that route before sending the KV. A decode that adds ``"first_token": true`` also
+gets the prefill's first token ahead of the KV, as a tiny message under ``first_key(room)``, so
+it can stream that token while the KV is still on its way. Routes nobody claims expire, so rooms that
 lost their partner cannot pile up.
 
 A decode does not wait out ``--kv-timeout`` for a prefill that died: while it waits it asks
@@ -29,12 +31,18 @@ log = logging.getLogger(__name__)
 WATCH_EVERY_S = 1.0   # how often a waiting decode asks the prefill whether it still has the room
 
 
+def first_key(room: str) -> str:
+    """The transport key of a room's first-token message (the KV travels under the room itself)."""
+    return f"{room}/first"
+
+
 class KVBootstrap:
     """room → decode transport address, with waiting on either side."""
 
     def __init__(self, route_ttl: float = 120.0, api_key: str | None = None):
         self._routes: dict[str, tuple[asyncio.Future, float]] = {}
         self._taken: dict[str, float] = {}   # rooms whose route the prefill took (KV on its way)
+        self._early: set[str] = set()        # rooms whose decode wants the first token ahead of the KV
         self.route_ttl = route_ttl
         self.api_key = api_key
         self._sweeper: asyncio.Task | None = None
@@ -46,7 +54,9 @@ class KVBootstrap:
             self._routes[room] = entry
         return entry[0]
 
-    def set_route(self, room: str, reply_to: str) -> None:
+    def set_route(self, room: str, reply_to: str, first_token: bool = False) -> None:
+        if first_token:
+            self._early.add(room)
         fut = self._entry(room)
         if not fut.done():
             fut.set_result(reply_to)
@@ -71,6 +81,13 @@ class KVBootstrap:
         self._taken[room] = time.monotonic()
         return str(entry[0].result())
 
+    def wants_first(self, room: str) -> bool:
+        """Whether the room's decode asked for the first token ahead of the KV (asked once)."""
+        if room in self._early:
+            self._early.discard(room)
+            return True
+        return False
+
     def knows(self, room: str) -> bool:
         """True while the room is waiting for its route or its KV is being sent."""
         return room in self._routes or room in self._taken
@@ -93,11 +110,13 @@ class KVBootstrap:
             for room, (fut, born) in list(self._routes.items()):
                 if now - born > self.route_ttl:
                     self._routes.pop(room, None)
+                    self._early.discard(room)
                     if not fut.done():
                         fut.cancel()
             for room, born in list(self._taken.items()):
                 if now - born > self.route_ttl:
                     self._taken.pop(room, None)
+            self._early &= set(self._routes) | set(self._taken)
 
     def app(self) -> web.Application:
         app = make_app(64 * 1024)  # route registrations are a few hundred bytes
@@ -112,7 +131,7 @@ class KVBootstrap:
         room, reply_to = body.get("room"), body.get("reply_to")
         if not isinstance(room, (int, str)) or isinstance(room, bool) or not isinstance(reply_to, str):
             raise ApiError(400, 'body must be {"room": <int>, "reply_to": "<transport address>"}', "missing_field")
-        self.set_route(str(room), reply_to)
+        self.set_route(str(room), reply_to, first_token=body.get("first_token") is True)
         return json_response({"status": "ok"})
 
     async def _h_room(self, request: web.Request) -> web.Response:
@@ -128,11 +147,16 @@ class KVBootstrap:
 
 
 async def register_route(session: aiohttp.ClientSession, host: str, port: int, room: int, reply_to: str,
-                         timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
-    """Decode side: tell the prefill's bootstrap server where to send this room's KV."""
+                         timeout: float = 10.0, headers: dict[str, str] | None = None,
+                         first_token: bool = False) -> None:
+    """Decode side: tell the prefill's bootstrap server where to send this room's KV (and, with
+    ``first_token``, its first token ahead of the KV)."""
     url = f"http://{host}:{port}/kv/route"
+    body: dict = {"room": room, "reply_to": reply_to}
+    if first_token:
+        body["first_token"] = True
     try:
-        async with session.post(url, json={"room": room, "reply_to": reply_to}, headers=headers,
+        async with session.post(url, json=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
                 raise ApiError(502, f"prefill bootstrap server {url} answered HTTP {resp.status}: "
