@@ -1,4 +1,5 @@
-"""The prefill's first token ahead of its KV (kv_handoff.py -> kv_receive.py -> early_first.py):
+"""The prefill's first token ahead of its KV (kv_handoff.py -> kv_receive.py -> early_first.py) and small
+embeddings inline in the encoder's answer (encode_api.py):
 real prefill and decode processes driven the way smg drives them, and a real decode facing a
 prefill played by the test with the real bootstrap server and transport, to make the KV come
 late, fail, or never be needed. Tokens must stay exactly those of one-process ``generate()``.
@@ -147,3 +148,15 @@ def test_an_eos_first_token_finishes_at_once_and_its_kv_is_dropped_on_arrival(cl
     events = run(_played_prefill(902, play))
     finish = [e["choices"][0]["finish_reason"] for e in events if isinstance(e, dict) and e.get("choices")]
     assert finish[-1] == "stop" and events[-1] == "[DONE]"
+
+
+def test_the_real_encoder_answers_small_embeddings_inline(cluster):
+    from servers_cluster import E0
+
+    url = f"http://127.0.0.1:{E0}/metrics"
+    before = run(get_text(url))
+    pd(chat_body(MODEL, [data_url(make_image(11))], max_tokens=2))
+    after = run(get_text(url))
+    assert metric(after, "epd_encoder_inline_answers_total") == metric(before, "epd_encoder_inline_answers_total") + 1
+    # the embeddings still count as bytes the encoder sent (status and dashboards read this)
+    assert metric(after, "epd_encoder_transport_bytes_sent_total") > metric(before, "epd_encoder_transport_bytes_sent_total")
