@@ -19,7 +19,7 @@ from servers_cluster import D, MODEL, cluster, data_url, expected, get_text, mod
 from tiny_model import make_image
 from worker_procs import chat_body, metric
 
-from epdctl.runtime.servers.bootstrap import KVBootstrap, first_key
+from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.transports import open_transport
 
 
@@ -91,7 +91,7 @@ async def _played_prefill(room: int, play: Any) -> list[Any]:
             reader = asyncio.create_task(client())
             reply_to = await boot.wait_route(str(room), 30)
             assert boot.wants_first(str(room)), "a chat decode asks for the first token ahead of the KV"
-            await play(transport, reply_to, events)
+            await play(boot, transport, reply_to, events)
             await asyncio.wait_for(reader, 30)
     finally:
         await transport.close()
@@ -115,9 +115,9 @@ def test_a_kv_that_fails_after_the_first_token_ends_the_stream_with_an_error(clu
     token = ref_bundle.tokenizer.encode("Hello")[0]
     assert token not in ref_bundle.eos_token_ids
 
-    async def play(transport, reply_to, events) -> None:
+    async def play(boot, transport, reply_to, events) -> None:
         meta = {"kind": "first", "token": token, "prompt_len": 5, "timings": {}, "sent_at": 0.0}
-        await transport.send(reply_to, first_key("901"), meta, {})
+        assert boot.give_first("901", meta) is not None
         await _until(events, _has_token)  # streamed while the KV is still owed
         await transport.send(reply_to, "901", {"kind": "error", "status": 502, "message": "the KV hand-off failed: "
                                                "played", "code": "kv_handoff_failed", "type": "server_error"}, {})
@@ -133,9 +133,9 @@ def test_an_eos_first_token_finishes_at_once_and_its_kv_is_dropped_on_arrival(cl
     eos = ref_bundle.eos_token_ids[0]
     url = f"http://127.0.0.1:{D}/metrics"
 
-    async def play(transport, reply_to, events) -> None:
+    async def play(boot, transport, reply_to, events) -> None:
         meta = {"kind": "first", "token": eos, "prompt_len": 5, "timings": {}, "sent_at": 0.0}
-        await transport.send(reply_to, first_key("902"), meta, {})
+        assert boot.give_first("902", meta) is not None
         await _until(events, lambda e: e == "[DONE]")  # answered without any KV
         before = metric(await get_text(url), 'epd_decode_kv_receive_total{outcome="late"}')
         await transport.send(reply_to, "902", {"kind": "kv", "prompt_len": 5}, {})  # the KV, now unneeded

@@ -224,7 +224,8 @@ class DecodeServer:
         return self.bundle.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def on_ready(self) -> None:
-        self.session = aiohttp.ClientSession()
+        # no pool limit: every request waiting for its first token holds a connection to its prefill
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self.kv.session = self.session
         self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
         self.loop.start()

@@ -2,10 +2,11 @@
 to the decode of the same room, and a failed request's error in place of its KV.
 
 A hand-off waits (bounded by ``--kv-timeout``) for the decode's route, then sends; the KV is
-freed either way. The first token is delivered before the KV is copied, so the decode streams it
-while the KV is on its way (the KV's copy and checksums would otherwise hold up the token's way
-through the decode and the router on a shared host); a KV that then fails to leave is followed by an error message, so a
-decode that is already streaming ends its answer at once instead of at its KV timeout.
+freed either way. The first token (the answer to the decode's route POST, bootstrap.py) is
+written before the KV is copied, so the decode streams it while the KV is on its way (the KV's
+copy and checksums would otherwise hold up the token's way through the decode and the router on
+a shared host). A KV that then fails to leave is followed by an error message, so a decode that
+is already streaming ends its answer at once instead of at its KV timeout.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from epdctl.runtime.metrics import Counter, Histogram
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime.servers.bootstrap import KVBootstrap, first_key
+from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.servers.common import Stopwatch
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,13 @@ class KVHandoff:
                 return
             timings["t_route"] = time.time()
             if self.bootstrap.wants_first(room):
-                # delivered before the KV's copy and checksums take this core and the decode's loop:
+                # answered before the KV's copy and checksums take this core and the decode's loop:
                 # the token's way to the client (decode, router) must not queue behind them
-                await self._send_first(room, reply_to, int(result.first_token), held, timings)
+                meta = {"kind": "first", "token": int(result.first_token), "prompt_len": held,
+                        "timings": dict(timings), "sent_at": time.time()}
+                written = self.bootstrap.give_first(room, meta)
+                if written is not None:
+                    await asyncio.wait({written}, timeout=0.05)
             meta, tensors = self._wire.kv_to_tensors(result)
             del result
             meta["timings"] = timings
@@ -78,16 +83,6 @@ class KVHandoff:
             self.pending_tokens -= held
             self.held -= 1
 
-    async def _send_first(self, room: str, reply_to: str, token: int, prompt_len: int,
-                          timings: dict[str, float]) -> None:
-        """The first token, ahead of the KV; if it does not arrive, the decode takes it from the KV."""
-        meta = {"kind": "first", "token": token, "prompt_len": prompt_len, "timings": dict(timings),
-                "sent_at": time.time()}
-        try:
-            await self.transport.send(reply_to, first_key(room), meta, {})
-        except Exception as exc:
-            log.warning("room %s: the first token did not reach %s ahead of the KV: %s", room, reply_to, exc)
-
     async def _send_to(self, reply_to: str, room: str, meta: dict[str, Any]) -> None:
         try:
             await self.transport.send(reply_to, room, meta, {})
@@ -108,7 +103,8 @@ class KVHandoff:
     async def _send_error(self, room: str, meta: dict[str, Any]) -> None:
         try:
             reply_to = await self.bootstrap.wait_route(room, self.kv_timeout)
-            self.bootstrap.wants_first(room)  # no token will come: forget that it was asked for
+            if self.bootstrap.wants_first(room):  # no token will come: release the decode's wait for it
+                self.bootstrap.give_first(room, None)
             await self.transport.send(reply_to, room, meta, {})
         except asyncio.TimeoutError:
             pass  # no decode for this room (a direct call, or the router never sent it)

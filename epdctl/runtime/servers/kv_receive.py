@@ -2,10 +2,10 @@
 
 The decode registers its transport address with the prefill's KV bootstrap and waits (bounded by
 ``--kv-timeout``, and cut short when the prefill is gone) for the KV. With ``early`` it also asks
-for the prefill's first token ahead of the KV (bootstrap.py): whichever arrives first is the
-answer, and when it is the token, the KV keeps arriving in ``Received.kv`` while the decode
-streams that token. A KV that arrives after its client left is still received and dropped at
-once, so it never lingers in memory; so is a token message that lost the race to its KV.
+for the prefill's first token ahead of the KV (the answer to its route POST, bootstrap.py):
+whichever arrives first is the answer, and when it is the token, the KV keeps arriving in
+``Received.kv`` while the decode streams that token. A KV that arrives after its client left is
+still received and dropped at once, so it never lingers in memory.
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ import aiohttp
 
 from epdctl.runtime.metrics import Counter
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime.servers.bootstrap import await_kv, first_key, register_route
+from epdctl.runtime.servers.bootstrap import await_kv, register_route, route_for_first
 from epdctl.runtime.servers.common import to_api_error
-
-FIRST_AFTER_KV_S = 5.0  # a token message sent before its KV but delivered after it is due within ms
 
 
 @dataclass
@@ -51,15 +49,18 @@ class KVReceiver:
         room = str(req.bootstrap_room)
         t0 = time.perf_counter()
         kv = asyncio.create_task(self.transport.recv(room, self.kv_timeout))
-        first = asyncio.create_task(self.transport.recv(first_key(room), self.kv_timeout)) if early else None
+        first: asyncio.Task | None = None
         got: Received | None = None
         drained = False
         self.waiting += 1
         try:
-            await register_route(self.session, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room,
-                                 self.transport.address, timeout=min(10.0, self.kv_timeout), headers=self.auth,
-                                 first_token=early)
-            either = kv if first is None else asyncio.create_task(_first_of(first, kv))
+            where = (self.session, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room, self.transport.address)
+            if early:
+                first = asyncio.create_task(route_for_first(*where, timeout=self.kv_timeout, headers=self.auth))
+                either = asyncio.create_task(_first_of(first, kv))
+            else:
+                await register_route(*where, timeout=min(10.0, self.kv_timeout), headers=self.auth)
+                either = kv
             try:
                 meta, tensors = await self._await(req, either)
             finally:
@@ -73,8 +74,10 @@ class KVReceiver:
             raise
         finally:
             self.waiting -= 1
-            if first is not None and (got is None or got.kv is None):  # the token lost the race (or all failed)
-                self.drain(first_key(room), first, FIRST_AFTER_KV_S)
+            if first is not None and not first.done():  # the KV came first: its route POST is not needed
+                first.cancel()
+            elif first is not None and not first.cancelled():
+                first.exception()  # retrieved: its error (if any) was raised through _first_of
             if got is None and not drained:
                 if not kv.done():
                     kv.cancel()
@@ -135,8 +138,7 @@ class KVReceiver:
                     await asyncio.wait_for(asyncio.shield(task), wait)
                 else:
                     await self.transport.recv(key, wait)
-                if not key.endswith("/first"):
-                    self.outcomes.inc(labels={"outcome": "late"})
+                self.outcomes.inc(labels={"outcome": "late"})
             except BaseException:
                 pass
             finally:
@@ -167,9 +169,14 @@ def kv_arrival(meta: dict, kv_wait_ms: float) -> dict[str, float]:
 
 
 async def _first_of(first: asyncio.Task, kv: asyncio.Task) -> tuple[dict, dict]:
-    """The KV if it is already here, else the first token once it is (a token that failed to
-    arrive is no loss: then the KV)."""
+    """The first token once it is here, even when the KV is too (a busy decode loop may see both
+    at once: streaming the token now still beats an engine step that only re-emits it); when no
+    token comes (its answer carried none), the KV. A bootstrap server that cannot be reached
+    raises here."""
     await asyncio.wait({first, kv}, return_when=asyncio.FIRST_COMPLETED)
-    if not kv.done() and first.done() and not first.cancelled() and first.exception() is None:
-        return first.result()
+    if first.done() and not first.cancelled() and first.exception() is None and first.result() is not None:
+        return first.result(), {}
+    if kv.done():
+        return kv.result()
+    first.result()  # raises when the bootstrap server could not be reached; else it carried no token
     return await asyncio.shield(kv)
