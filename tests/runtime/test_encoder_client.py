@@ -163,6 +163,7 @@ def test_small_embeddings_come_back_as_the_answer_itself_without_the_transport()
         assert [float(e.embeds[0, 0]) for e in encoded] == [0.0, 1.0, 0.0]
         assert [e.embeds.shape for e in encoded] == [torch.Size([4, 8])] * 3 and nbytes == 2 * 4 * 8 * 4
         assert client.transport.stats["transfers_received"] == received  # nothing came over the transport
+        assert client.inline["bytes_received"] > nbytes  # counted as received all the same (header included)
         assert not client._background
 
     asyncio.run(with_encoder(_inline_encoder(), body))

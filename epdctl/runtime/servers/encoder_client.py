@@ -31,9 +31,11 @@ class _EncoderDown(Exception):
 
 class EncoderClient:
     def __init__(self, registry: EncoderRegistry, session: aiohttp.ClientSession, transport: Any, wire: Any,
-                 timeout: float = 60.0, inline_max_bytes: int = INLINE_MAX_BYTES):
+                 timeout: float = 60.0, inline_max_bytes: int = INLINE_MAX_BYTES,
+                 inline: dict[str, int] | None = None):
         self.registry = registry
         self.inline_max_bytes = inline_max_bytes
+        self.inline = inline if inline is not None else {}  # "bytes_received": embeddings that came inline
         self.session = session
         self.transport = transport
         self.wire = wire
@@ -105,6 +107,7 @@ class EncoderClient:
                 meta, tensors = recv.result()
             elif (inline := await post) is not None:  # an error answer explains best: it raises here
                 meta, tensors = self.wire.unpack(inline_frames(inline, self.wire.parse_header))
+                self.inline["bytes_received"] = self.inline.get("bytes_received", 0) + len(inline)
             else:
                 try:
                     meta, tensors = await recv

@@ -74,7 +74,8 @@ class PrefillServer:
         own_work_metrics(m, self.thread.busy, lambda: self.thread.waiting)
         m.gauge("pending_kv_handoffs", "KV caches held while waiting for their decode", lambda: float(self.kv.held))
         m.gauge("healthy_encoders", "Encoders admitted by the registry", lambda: float(len(self.registry.healthy_urls())))
-        transport_metrics(m, self.transport)
+        self.inline = {"bytes_received": 0}  # embeddings that came as an encoder's /encode answer
+        transport_metrics(m, self.transport, self.inline)
 
     def app(self) -> web.Application:
         app = make_app(self.limits.max_body_bytes)
@@ -187,7 +188,7 @@ class PrefillServer:
     async def on_ready(self) -> None:
         self.session = aiohttp.ClientSession()
         self.encoders = EncoderClient(self.registry, self.session, self.transport, self._wire,
-                                      timeout=self.args.encoder_timeout)
+                                      timeout=self.args.encoder_timeout, inline=self.inline)
         self.registry.start(self.session)
         self.bootstrap.start()
         if not self.registry.encoders:
