@@ -8,6 +8,9 @@ the worker-side TTFT; what the client saw on top of it is the router and the cli
 EPD:       prefill in → (fetch) → encoder POST out → (encoder hop) → encoder in → (encode) →
            embeddings sent → (embeddings) → received → (prefill wait) → prefill start → (prefill)
            → end → (route) → KV leaves → (KV hand-off) → decode has the KV → (first token).
+EPD, first token ahead of the KV (kv_handoff.py): ... → (route) → token leaves → (token hand-off)
+           → decode has the token → (first token); the KV's own hand-off (``KV after token``,
+           route → KV in) then runs beside the stream and is reported outside the sum.
 Colocated: worker in → (fetch) → encode start → (encode) → end → (prefill) → end → (first token).
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+KV_AFTER_TOKEN = "KV after token"
 EPD_STAGES: list[tuple[str, str, str]] = [
     ("fetch", "t_prefill_in", "t_enc_out"),
     ("encoder hop", "t_enc_out", "t_enc_in"),
@@ -26,6 +30,10 @@ EPD_STAGES: list[tuple[str, str, str]] = [
     ("route", "t_prefill_end", "t_route"),
     ("KV hand-off", "t_route", "t_kv_in"),
     ("first token", "t_kv_in", "t_first"),
+]
+EPD_EARLY_STAGES: list[tuple[str, str, str]] = EPD_STAGES[:7] + [
+    ("token hand-off", "t_route", "t_first_in"),
+    ("first token", "t_first_in", "t_first"),
 ]
 COLOCATED_STAGES: list[tuple[str, str, str]] = [
     ("fetch", "t_decode_in", "t_enc_out"),
@@ -46,10 +54,12 @@ def stages_of(timings: dict[str, float], client_ttft_s: float | None) -> dict[st
     if "t_decode_in" not in t or "ttft_ms" not in t:
         return None
     t["t_first"] = t["t_decode_in"] + t["ttft_ms"] / 1000.0
-    table = EPD_STAGES if "t_prefill_in" in t else COLOCATED_STAGES
+    table = (EPD_EARLY_STAGES if "t_first_in" in t else EPD_STAGES) if "t_prefill_in" in t else COLOCATED_STAGES
     if any(a not in t or b not in t for _, a, b in table):
         return None
     out = {name: (t[b] - t[a]) * 1000.0 for name, a, b in table}
+    if table is EPD_EARLY_STAGES and "t_kv_in" in t:  # beside the stream, not on the way to its first token
+        out[KV_AFTER_TOKEN] = (t["t_kv_in"] - t["t_route"]) * 1000.0
     start = min(t["t_decode_in"], t.get("t_prefill_in", t["t_decode_in"]))
     out["worker ttft"] = (t["t_first"] - start) * 1000.0
     if client_ttft_s is not None:
@@ -62,7 +72,7 @@ def breakdown(samples: list[Any]) -> dict[str, float]:
     rows = [r for s in samples if s.ok for r in [stages_of(s.timings, s.ttft)] if r is not None]
     if not rows:
         return {}
-    names = list(rows[0])
+    names = list(dict.fromkeys(k for r in rows for k in r))  # a request whose KV beat its token has other stages
     return {"n": float(len(rows)),
             **{k: round(statistics.median(r[k] for r in rows if k in r), 2) for k in names}}
 
@@ -75,7 +85,8 @@ def by_images(samples: list[Any]) -> dict[str, dict[str, float]]:
 
 def format_breakdown(epd: dict[str, float], colocated: dict[str, float]) -> list[str]:
     """Lines of a two-column table (stages absent in a mode show '-')."""
-    names = [n for n, _, _ in EPD_STAGES] + ["worker ttft", "router + client"]
+    names = list(dict.fromkeys(n for n, _, _ in EPD_STAGES + EPD_EARLY_STAGES)) + ["worker ttft", "router + client",
+                                                                                 KV_AFTER_TOKEN]
     lines = [f"{'stage (p50 ms)':<18}{'EPD':>10}{'colocated':>12}"]
     for n in names:
         cell = lambda d: f"{d[n]:.2f}" if n in d else "-"  # noqa: E731

@@ -50,3 +50,16 @@ def test_by_images_splits_the_breakdown_by_request_size():
     out = by_images(four + eight)
     assert list(out) == ["4", "8"] and out["4"]["n"] == 2 and out["8"]["n"] == 1
     assert round(out["8"]["router + client"], 3) == 6.0
+
+
+def test_a_first_token_ahead_of_the_kv_takes_the_token_path_and_the_kv_is_reported_beside_it():
+    early = {**EPD, "t_first_in": 100.0208, "t_kv_in": 100.0231, "ttft_ms": 21.0}
+    st = stages_of(early, client_ttft_s=0.023)
+    assert st is not None and "KV hand-off" not in st
+    assert round(st["token hand-off"], 3) == 0.5 and round(st["KV after token"], 3) == 2.8
+    parts = [v for k, v in st.items() if k not in ("worker ttft", "router + client", "KV after token")]
+    assert abs(sum(parts) - st["worker ttft"]) < 1e-6  # the KV's hand-off is not on the token's path
+    b = breakdown([SimpleNamespace(ok=True, ttft=0.023, timings=early),
+                   SimpleNamespace(ok=True, ttft=0.0255, timings=EPD)])  # one KV won the race: both kinds
+    assert {"token hand-off", "KV hand-off", "KV after token"} <= set(b)
+    assert any(line.startswith("token hand-off") for line in format_breakdown(b, {}))

@@ -140,3 +140,60 @@ def test_the_trace_gets_the_slowest_groups_stamps():
         assert t0 - 0.01 <= trace["t_enc_in"] <= trace["t_enc_send"] <= trace["t_emb_in"] <= time.time()
 
     asyncio.run(with_encoder(handler, body))
+
+
+def _inline_encoder(damage: Callable[[bytes], bytes] = lambda b: b) -> Handler:
+    """An encoder that answers as the real one does when the embeddings fit ``inline_max_bytes``
+    (encode_api.py): the packed embeddings are the answer; ``damage`` alters the body first."""
+    from epdctl.runtime.servers.encode_api import INLINE_TYPE, inline_body
+
+    async def handler(request: web.Request, transport) -> web.Response:
+        body = await request.json()
+        meta, tensors = embeds_for(body["images"])
+        assert body["inline_max_bytes"] >= sum(t.numel() * t.element_size() for t in tensors.values())
+        return web.Response(body=damage(inline_body(wire.pack(meta, tensors))), content_type=INLINE_TYPE)
+
+    return handler
+
+
+def test_small_embeddings_come_back_as_the_answer_itself_without_the_transport():
+    async def body(client: EncoderClient, state: dict) -> None:
+        received = client.transport.stats["transfers_received"]
+        encoded, nbytes = await client.encode([b"img-a", b"img-b", b"img-a"])
+        assert [float(e.embeds[0, 0]) for e in encoded] == [0.0, 1.0, 0.0]
+        assert [e.embeds.shape for e in encoded] == [torch.Size([4, 8])] * 3 and nbytes == 2 * 4 * 8 * 4
+        assert client.transport.stats["transfers_received"] == received  # nothing came over the transport
+        assert client.inline["bytes_received"] > nbytes  # counted as received all the same (header included)
+        assert not client._background
+
+    asyncio.run(with_encoder(_inline_encoder(), body))
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated", "extra"])
+def test_a_damaged_inline_answer_fails_the_call(how: str):
+    from epdctl.runtime.errors import TransferError
+
+    def damage(b: bytes) -> bytes:
+        if how == "flipped":  # the last byte is tensor data: its checksum no longer matches
+            return b[:-1] + bytes([b[-1] ^ 0x40])
+        return b[:-3] if how == "truncated" else b + b"\0"
+
+    async def body(client: EncoderClient, state: dict) -> None:
+        with pytest.raises(TransferError):
+            await client.encode([b"img-a", b"img-b"])
+
+    asyncio.run(with_encoder(_inline_encoder(damage), body))
+
+
+def test_the_encode_body_checks_inline_max_bytes():
+    from epdctl.runtime.limits import Limits
+    from epdctl.runtime.servers.encode_api import parse_encode
+
+    ok = {"key": "k", "reply_to": "zmq+tcp://x:1", "images": [base64.b64encode(b"png").decode()]}
+    limits = Limits(max_images_per_request=4)
+    assert parse_encode(ok, limits)[3] == 0  # an older prefill: the transport, as before
+    assert parse_encode({**ok, "inline_max_bytes": 4096}, limits)[3] == 4096
+    for bad in (-1, "1024", True, 1.5):
+        with pytest.raises(ApiError) as err:
+            parse_encode({**ok, "inline_max_bytes": bad}, limits)
+        assert err.value.status == 400 and "inline_max_bytes" in err.value.message

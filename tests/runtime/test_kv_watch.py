@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime.servers.bootstrap import KVBootstrap, await_kv, register_route
+from epdctl.runtime.servers.bootstrap import KVBootstrap, await_kv, register_route, route_for_first
 
 KEY = "s3cret-kv"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -121,5 +121,36 @@ def test_a_route_already_registered_is_taken_without_waiting() -> None:
         assert boot.take_route("10") is None  # a prefill already waits on it: not ready yet
         boot.set_route("10", "zmq+tcp://x:2")
         assert await waiter == "zmq+tcp://x:2"
+
+    asyncio.run(run())
+
+
+def test_a_decode_that_asks_for_the_first_token_gets_it_as_the_answer_to_its_route() -> None:
+    port = _port()
+
+    async def run() -> None:
+        boot = KVBootstrap()
+        runner = await _serve(boot, port)
+        async with aiohttp.ClientSession() as s:
+            token = {"kind": "first", "token": 7, "prompt_len": 3}
+            asking = asyncio.ensure_future(route_for_first(s, "127.0.0.1", port, 11, "zmq+tcp://x:1", timeout=10))
+            without = asyncio.ensure_future(route_for_first(s, "127.0.0.1", port, 13, "zmq+tcp://x:3", timeout=10))
+            await register_route(s, "127.0.0.1", port, 12, "zmq+tcp://x:2")  # an older decode: KV only
+            assert await boot.wait_route("11", 5.0) == "zmq+tcp://x:1"
+            await asyncio.sleep(0.2)
+            assert not asking.done()  # held until the prefill has the token
+            assert boot.wants_first("11") and not boot.wants_first("11")  # asked once
+            written = boot.give_first("11", token)
+            assert written is not None and await asyncio.wait_for(asking, 5) == token
+            await asyncio.wait_for(written, 5)  # the prefill knows its answer is on the socket
+            assert boot.take_route("12") == "zmq+tcp://x:2" and not boot.wants_first("12")
+            assert boot.give_first("12", token) is None  # nobody waits for a token of room 12
+            assert await boot.wait_route("13", 5.0) == "zmq+tcp://x:3"
+            boot.give_first("13", None)  # the prefill failed: no token, the error follows on the transport
+            assert await asyncio.wait_for(without, 5) is None
+            with pytest.raises(ApiError) as err:  # nobody listens: fails at once, as registering does
+                await route_for_first(s, "127.0.0.1", _port(), 14, "zmq+tcp://x:4", timeout=10)
+            assert err.value.code == "bootstrap_failed"
+        await runner.cleanup()
 
     asyncio.run(run())

@@ -2,7 +2,12 @@
 
 The router sends the same body to both at once; either may arrive first. The decode POSTs
 ``/kv/route {"room", "reply_to"}`` to the prefill's ``--bootstrap-port``; the prefill waits
-(bounded) for that route before sending the KV. Routes nobody claims expire, so rooms that
+(bounded) for that route before sending the KV. A decode that adds ``"first_token": true`` gets
+the prefill's first token ahead of the KV as the ANSWER to that POST, held until the prefill has
+it (``give_first``), so it can stream the token while the KV is still on its way: an answer on a
+connection the decode already waits on costs one wake-up, a transport message three (~1 ms on
+an idle host). An answer without ``first`` means no token comes that way (a prefill that failed,
+or one that predates the field): the KV, or the error, follows on the transport as always. Routes nobody claims expire, so rooms that
 lost their partner cannot pile up.
 
 A decode does not wait out ``--kv-timeout`` for a prefill that died: while it waits it asks
@@ -35,6 +40,8 @@ class KVBootstrap:
     def __init__(self, route_ttl: float = 120.0, api_key: str | None = None):
         self._routes: dict[str, tuple[asyncio.Future, float]] = {}
         self._taken: dict[str, float] = {}   # rooms whose route the prefill took (KV on its way)
+        self._early: set[str] = set()        # rooms whose decode wants the first token ahead of the KV
+        self._firsts: dict[str, tuple[asyncio.Future, asyncio.Future]] = {}  # room -> (token, answer written)
         self.route_ttl = route_ttl
         self.api_key = api_key
         self._sweeper: asyncio.Task | None = None
@@ -46,7 +53,9 @@ class KVBootstrap:
             self._routes[room] = entry
         return entry[0]
 
-    def set_route(self, room: str, reply_to: str) -> None:
+    def set_route(self, room: str, reply_to: str, first_token: bool = False) -> None:
+        if first_token:
+            self._early.add(room)
         fut = self._entry(room)
         if not fut.done():
             fut.set_result(reply_to)
@@ -71,6 +80,22 @@ class KVBootstrap:
         self._taken[room] = time.monotonic()
         return str(entry[0].result())
 
+    def wants_first(self, room: str) -> bool:
+        """Whether the room's decode asked for the first token ahead of the KV (asked once)."""
+        if room in self._early:
+            self._early.discard(room)
+            return True
+        return False
+
+    def give_first(self, room: str, meta: dict | None) -> asyncio.Future | None:
+        """Answer the room's waiting route POST with its first token's message (None: no token will
+        come). A future done once the answer is written, or None when no decode waits for it."""
+        pair = self._firsts.get(room)
+        if pair is None or pair[0].done():
+            return None
+        pair[0].set_result(meta)
+        return pair[1]
+
     def knows(self, room: str) -> bool:
         """True while the room is waiting for its route or its KV is being sent."""
         return room in self._routes or room in self._taken
@@ -93,11 +118,13 @@ class KVBootstrap:
             for room, (fut, born) in list(self._routes.items()):
                 if now - born > self.route_ttl:
                     self._routes.pop(room, None)
+                    self._early.discard(room)
                     if not fut.done():
                         fut.cancel()
             for room, born in list(self._taken.items()):
                 if now - born > self.route_ttl:
                     self._taken.pop(room, None)
+            self._early &= set(self._routes) | set(self._taken)
 
     def app(self) -> web.Application:
         app = make_app(64 * 1024)  # route registrations are a few hundred bytes
@@ -112,8 +139,27 @@ class KVBootstrap:
         room, reply_to = body.get("room"), body.get("reply_to")
         if not isinstance(room, (int, str)) or isinstance(room, bool) or not isinstance(reply_to, str):
             raise ApiError(400, 'body must be {"room": <int>, "reply_to": "<transport address>"}', "missing_field")
-        self.set_route(str(room), reply_to)
-        return json_response({"status": "ok"})
+        room, first = str(room), body.get("first_token") is True
+        self.set_route(room, reply_to, first_token=first)
+        if not first:
+            return json_response({"status": "ok"})
+        loop = asyncio.get_running_loop()
+        pair = (loop.create_future(), loop.create_future())
+        self._firsts[room] = pair
+        try:
+            try:
+                meta = await asyncio.wait_for(asyncio.shield(pair[0]), self.route_ttl)
+            except asyncio.TimeoutError:
+                meta = None
+            resp = json_response({"status": "ok", "first": meta} if meta else {"status": "ok"})
+            await resp.prepare(request)
+            await resp.write_eof()
+            return resp
+        finally:
+            if self._firsts.get(room) is pair:
+                del self._firsts[room]
+            if not pair[1].done():
+                pair[1].set_result(None)
 
     async def _h_room(self, request: web.Request) -> web.Response:
         require_bearer(request, self.api_key, "the KV bootstrap")
@@ -127,6 +173,16 @@ class KVBootstrap:
         return web.Response(text="OK")
 
 
+def _unreachable(url: str, exc: BaseException) -> ApiError:
+    return ApiError(502, f"cannot reach the prefill bootstrap server {url}: {exc or type(exc).__name__} "
+                         "(check bootstrap_host/bootstrap_port and that the prefill is running)", "bootstrap_failed")
+
+
+async def _refused(url: str, resp: aiohttp.ClientResponse) -> ApiError:
+    return ApiError(502, f"prefill bootstrap server {url} answered HTTP {resp.status}: {(await resp.text())[:200]}",
+                    "bootstrap_failed")
+
+
 async def register_route(session: aiohttp.ClientSession, host: str, port: int, room: int, reply_to: str,
                          timeout: float = 10.0, headers: dict[str, str] | None = None) -> None:
     """Decode side: tell the prefill's bootstrap server where to send this room's KV."""
@@ -135,12 +191,30 @@ async def register_route(session: aiohttp.ClientSession, host: str, port: int, r
         async with session.post(url, json={"room": room, "reply_to": reply_to}, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             if resp.status != 200:
-                raise ApiError(502, f"prefill bootstrap server {url} answered HTTP {resp.status}: "
-                                    f"{(await resp.text())[:200]}", "bootstrap_failed")
+                raise await _refused(url, resp)
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-        raise ApiError(502, f"cannot reach the prefill bootstrap server {url}: {exc or type(exc).__name__} "
-                            "(check bootstrap_host/bootstrap_port and that the prefill is running)",
-                       "bootstrap_failed") from None
+        raise _unreachable(url, exc) from None
+
+
+async def route_for_first(session: aiohttp.ClientSession, host: str, port: int, room: int, reply_to: str,
+                          timeout: float, headers: dict[str, str] | None = None) -> dict | None:
+    """Decode side: register the route asking for the first token ahead of the KV; answered when
+    the prefill has it. The token's message, or None: no token comes this way (the KV or an error
+    follows on the transport), or the connection broke after it was made (the KV wait's watch then
+    tells a lost prefill from a slow one). ApiError 502 when the bootstrap server cannot be reached."""
+    url = f"http://{host}:{port}/kv/route"
+    try:
+        async with session.post(url, json={"room": room, "reply_to": reply_to, "first_token": True}, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status != 200:
+                raise await _refused(url, resp)
+            body = await resp.json()
+    except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+        raise _unreachable(url, exc) from None
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
+        return None
+    first = body.get("first") if isinstance(body, dict) else None
+    return first if isinstance(first, dict) and first.get("kind") == "first" else None
 
 
 async def room_lost(session: aiohttp.ClientSession, host: str, port: int, room: int,

@@ -1,8 +1,9 @@
 """Decode worker: claim the room's KV from the prefill, then stream tokens to the client.
 
 One thread drives ``DecodeEngine.step()`` (continuous batching); each request only waits on
-its own token queue. The KV wait is bounded by ``--kv-timeout``; a KV that arrives after its
-client left is still received and dropped at once, so it never lingers in memory.
+its own token queue. The KV wait is bounded by ``--kv-timeout`` (kv_receive.py). A chat request
+asks the prefill for its first token ahead of the KV and streams it at once; the sequence joins
+the batch when the KV lands (early_first.py).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
-from epdctl.runtime.servers.bootstrap import await_kv, register_route
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.common import Served, make_app, read_json
+from epdctl.runtime.servers.early_first import stream_early
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
+from epdctl.runtime.servers.kv_receive import KVReceiver, kv_arrival, prefill_timings
 from epdctl.runtime.servers.native import add_native_routes, decode_generate
 from epdctl.runtime.servers.registry import api_key_from_env, bearer
 from epdctl.runtime.servers.respond import Generation, respond
@@ -92,18 +94,17 @@ class DecodeServer:
         self.info_auth = bearer(info.api_key)  # for the prefills' KV bootstrap
         self.loop: EngineLoop | None = None
         self.slots = asyncio.Semaphore(args.max_running_requests)
-        self.waiting_kv = 0
         self.waiting_slot = 0
         self.used_tokens: dict[str, int] = {}
         self.session: aiohttp.ClientSession | None = None
-        self.late: set[asyncio.Task] = set()
         self.metrics = Registry("epd_decode")
         self.gm = GenerationMetrics(self.metrics)
         self.m_kv = self.metrics.counter("kv_receive_total", "KV receptions by outcome (ok, timeout, error, late, lost)")
+        self.kv = KVReceiver(transport, args.kv_timeout, self.info_auth, self.m_kv)
         m = self.metrics
         m.gauge("running_requests", "Sequences being decoded", lambda: float(self.loop.num_running if self.loop else 0))
         m.gauge("queue_depth", "Requests waiting for their KV or a decode slot",
-                lambda: float(self.waiting_kv + self.waiting_slot))
+                lambda: float(self.kv.waiting + self.waiting_slot))
         own_work_metrics(m, self._busy, lambda: self.waiting_slot)
         transport_metrics(m, self.transport)
 
@@ -121,11 +122,11 @@ class DecodeServer:
         return await decode_generate(self, request)
 
     def idle(self) -> bool:
-        return all(v == 0 for v in self.loads().values()) and not self.late
+        return all(v == 0 for v in self.loads().values()) and not self.kv.late
 
     def loads(self) -> dict[str, int]:
         return {"num_running_reqs": self.loop.num_running if self.loop else 0,
-                "num_waiting_reqs": self.waiting_kv + self.waiting_slot,
+                "num_waiting_reqs": self.kv.waiting + self.waiting_slot,
                 "num_used_tokens": sum(self.used_tokens.values())}
 
     async def health_generate(self) -> dict[str, Any]:
@@ -160,8 +161,11 @@ class DecodeServer:
             if not req.bootstrap_host or req.bootstrap_port is None:
                 raise ApiError(400, "missing 'bootstrap_host'/'bootstrap_port': the decode must know the prefill's "
                                     "bootstrap server (the PD router adds them)", "missing_field")
-            meta, tensors, kv_wait_ms = await self._receive_kv(req)
-            resp = await self._generate(request, req, meta, tensors, kv_wait_ms, t_arrival)
+            got = await self.kv.receive(req, early=True)
+            if got.kv is not None:  # the first token came ahead of the KV
+                resp = await stream_early(self, request, req, got, t_arrival)
+            else:
+                resp = await self._generate(request, req, got.meta, got.tensors, got.wait_ms, t_arrival)
         except ApiError as err:
             self.gm.requests.inc(labels={"status": str(err.status)})
             raise
@@ -169,55 +173,18 @@ class DecodeServer:
         return resp
 
     async def _receive_kv(self, req: Any) -> tuple[dict, dict, float]:
-        room = str(req.bootstrap_room)
-        t0 = time.perf_counter()
-        recv = asyncio.create_task(self.transport.recv(room, self.args.kv_timeout))
-        done = False
-        self.waiting_kv += 1
-        try:
-            await register_route(self.session, req.bootstrap_host, req.bootstrap_port, req.bootstrap_room,
-                                 self.transport.address, timeout=min(10.0, self.args.kv_timeout),
-                                 headers=self.info_auth)
-            try:
-                meta, tensors = await await_kv(recv, self.session, req.bootstrap_host, req.bootstrap_port,
-                                               req.bootstrap_room, self.info_auth, kv_timeout=self.args.kv_timeout)
-            except ApiError as err:
-                self.m_kv.inc(labels={"outcome": "timeout" if err.code == "kv_timeout" else "lost"})
-                raise
-            done = True
-        except asyncio.CancelledError:
-            self._drain_late(room)
-            raise
-        finally:
-            self.waiting_kv -= 1
-            if not done:
-                if not recv.done():
-                    recv.cancel()
-                self.transport.discard(room)
-        if meta.get("kind") == "error":
-            self.m_kv.inc(labels={"outcome": "error"})
-            raise ApiError(int(meta.get("status", 500)), f"prefill: {meta.get('message')}", meta.get("code"),
-                           meta.get("type"))
-        self.m_kv.inc(labels={"outcome": "ok"})
-        return meta, tensors, (time.perf_counter() - t0) * 1000.0
+        """The room's KV (no early first token): (meta, tensors, wait ms); for native /generate."""
+        got = await self.kv.receive(req)
+        return got.meta, got.tensors, got.wait_ms
 
-    def _drain_late(self, room: str) -> None:
-        """The client left before its KV came: take the KV when it arrives and drop it."""
-        async def drain() -> None:
-            try:
-                await self.transport.recv(room, self.args.kv_timeout)
-                self.m_kv.inc(labels={"outcome": "late"})
-            except Exception:
-                pass
-            finally:
-                self.transport.discard(room)
-
-        task = asyncio.get_running_loop().create_task(drain())
-        self.late.add(task)
-        task.add_done_callback(self.late.discard)
+    def sampling(self, req: Any) -> Any:
+        return self._Sampling.for_answer(max_tokens=req.max_tokens, temperature=req.temperature,
+                                         top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
+                                         eos_token_ids=self.bundle.eos_token_ids)
 
     @contextlib.asynccontextmanager
-    async def sequence(self, room: Any, meta: dict, tensors: dict, params: Any) -> AsyncIterator[tuple[str, Any, float]]:
+    async def sequence(self, room: Any, meta: dict, tensors: dict, params: Any,
+                       seq_id: str | None = None) -> AsyncIterator[tuple[str, Any, float]]:
         """The room's received KV as a running sequence: (seq_id, token queue, KV bytes). Waits
         for a decode slot (counted in queue_depth meanwhile); the slot and the sequence's
         /v1/loads tokens are given back however the answer ends. Shared by chat and /generate."""
@@ -225,7 +192,7 @@ class DecodeServer:
         result = self._wire.tensors_to_prefill_result(meta, tensors)
         kv_bytes = float(sum(t.numel() * t.element_size() for t in tensors.values()))
         tensors.clear()
-        seq_id = f"{room}-{uuid.uuid4().hex[:8]}"
+        seq_id = seq_id or f"{room}-{uuid.uuid4().hex[:8]}"
         self.waiting_slot += 1
         try:
             await self.slots.acquire()
@@ -241,17 +208,8 @@ class DecodeServer:
 
     async def _generate(self, request: web.Request, req: Any, meta: dict, tensors: dict, kv_wait_ms: float,
                         t_arrival: float) -> web.StreamResponse:
-        params = self._Sampling.for_answer(max_tokens=req.max_tokens, temperature=req.temperature,
-                                           top_p=req.top_p, seed=req.seed, ignore_eos=req.ignore_eos,
-                                           eos_token_ids=self.bundle.eos_token_ids)
-        pt = meta.get("timings", {})
-        sent_at = float(meta.get("sent_at", time.time()))
-        timings = {"encode_ms": pt.get("encode_ms", 0.0), "prefill_ms": pt.get("prefill_ms", 0.0),
-                   "kv_transfer_ms": max(0.0, (time.time() - sent_at) * 1000.0), "kv_wait_ms": kv_wait_ms,
-                   "embedding_bytes": pt.get("embedding_bytes", 0.0)}
-        # the prefill's and encoders' wall-clock stamps (t_*), and ours: one request's path end to end
-        timings.update({k: float(v) for k, v in pt.items() if k.startswith("t_") and isinstance(v, (int, float))})
-        timings["t_kv_in"] = time.time()
+        params = self.sampling(req)
+        timings = {**prefill_timings(meta), **kv_arrival(meta, kv_wait_ms)}
         timings["t_decode_in"] = timings["t_kv_in"] - (time.perf_counter() - t_arrival)
         self.gm.stage.observe(kv_wait_ms / 1000.0, {"stage": "kv_wait"})
         async with self.sequence(req.bootstrap_room, meta, tensors, params) as (seq_id, tokens, kv_bytes):
@@ -266,12 +224,14 @@ class DecodeServer:
         return self.bundle.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def on_ready(self) -> None:
-        self.session = aiohttp.ClientSession()
+        # no pool limit: every request waiting for its first token holds a connection to its prefill
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        self.kv.session = self.session
         self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
         self.loop.start()
 
     async def on_stop(self) -> None:
-        for task in list(self.late):
+        for task in list(self.kv.late):
             task.cancel()
         if self.loop is not None:
             await asyncio.to_thread(self.loop.stop)

@@ -1,4 +1,5 @@
-"""Encoder worker: ``POST /encode`` → vision tower → embeddings pushed to the prefill's transport.
+"""Encoder worker: ``POST /encode`` → vision tower → embeddings pushed to the prefill's transport
+(or, when small and the prefill asked, returned as the answer itself: encode_api.py).
 
 Concurrent requests (from one or many prefills) are collected for a few milliseconds and run
 as one ``VisionEncoder.encode`` call, so the vision tower sees one batch instead of many small
@@ -9,8 +10,6 @@ request that sent the bad image gets the 400.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 import socket
 import time
@@ -21,13 +20,14 @@ import aiohttp
 from aiohttp import web
 
 from epdctl.runtime.errors import BadRequestError
-from epdctl.runtime.limits import Limits, check_image_sizes, image_size, limits_from_args
+from epdctl.runtime.limits import Limits, limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
                                            to_api_error)
 from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.busy import own_work_metrics
+from epdctl.runtime.servers.encode_api import INLINE_TYPE, check_pixels, inline_body, parse_encode
 from epdctl.runtime.servers.registry import api_key_from_env, bearer
 
 log = logging.getLogger(__name__)
@@ -126,6 +126,7 @@ class EncoderServer:
         self.metrics = Registry("epd_encoder")
         self._register_task: asyncio.Task | None = None
         self.inflight = 0
+        self.inline = {"answers": 0, "bytes": 0}  # embeddings returned as the /encode answer itself
         self._init_metrics()
 
     def _init_metrics(self) -> None:
@@ -142,7 +143,10 @@ class EncoderServer:
         m.gauge("queue_depth", "Encode jobs waiting for a batch", lambda: float(self.batcher.queue.qsize()))
         own_work_metrics(m, self.thread.busy, lambda: self.batcher.queue.qsize())
         tstat = lambda k: (lambda: float(self.transport.stats.get(k, 0)))  # noqa: E731
-        m.counter_fn("transport_bytes_sent_total", "Embedding bytes sent over the transport", tstat("bytes_sent"))
+        m.counter_fn("transport_bytes_sent_total", "Embedding bytes sent to prefills (over the transport or inline "
+                     "in the /encode answer)", lambda: float(self.transport.stats.get("bytes_sent", 0) + self.inline["bytes"]))
+        m.counter_fn("inline_answers_total", "Embeddings returned inline in the /encode answer (small ones)",
+                     lambda: float(self.inline["answers"]))
         m.counter_fn("transport_failures_total", "Failed transport sends", tstat("failures"))
 
     def app(self) -> web.Application:
@@ -168,12 +172,19 @@ class EncoderServer:
         t_in = time.time()
         self.inflight += 1
         try:
-            key, reply_to, images = _parse_encode(await read_json(request), self.limits)
-            pixels = _check_pixels(images, self.limits)
+            key, reply_to, images, inline_max = parse_encode(await read_json(request), self.limits)
+            pixels = check_pixels(images, self.limits)
             results = await self.batcher.encode(images, pixels)
             meta, tensors = self.wire.embeds_to_tensors(results)
             meta["trace"] = {"t_enc_in": t_in, "t_enc_send": time.time()}  # wall clock, same host: comparable
-            nbytes = await self.transport.send(reply_to, key, meta, tensors)
+            nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
+            if nbytes <= inline_max:  # the answer itself (encode_api.py)
+                body = inline_body(self.wire.pack(meta, tensors))
+                self.inline["answers"] += 1
+                self.inline["bytes"] += len(body)
+            else:
+                body = None
+                nbytes = await self.transport.send(reply_to, key, meta, tensors)
         except Exception as exc:
             err = to_api_error(exc)
             self.m_requests.inc(labels={"outcome": str(err.status)})
@@ -186,6 +197,8 @@ class EncoderServer:
         self.m_requests.inc(labels={"outcome": "200"})
         elapsed = time.perf_counter() - t0
         self.m_latency.observe(elapsed)
+        if body is not None:
+            return web.Response(body=body, content_type=INLINE_TYPE)
         return json_response({"key": key, "num_images": len(results), "cached": [r.cached for r in results],
                               "nbytes": nbytes, "encode_ms": elapsed * 1000.0})
 
@@ -251,29 +264,6 @@ class EncoderServer:
         await self.batcher.stop()
         await self.transport.close()
         self.thread.shutdown()
-
-
-def _parse_encode(body: dict[str, Any], limits: Limits) -> tuple[str, str, list[bytes]]:
-    key, reply_to, images = body.get("key"), body.get("reply_to"), body.get("images")
-    if not isinstance(key, str) or not isinstance(reply_to, str) or not isinstance(images, list) or not images:
-        raise ApiError(400, 'body must be {"key": str, "reply_to": str, "images": [base64, ...]}', "missing_field")
-    if len(images) > limits.max_images_per_request:
-        raise ApiError(400, f"too many images: {len(images)} in the request, the limit is "
-                            f"{limits.max_images_per_request} (limits.max_images_per_request)", "too_many_images")
-    out = []
-    for i, data in enumerate(images):
-        try:
-            out.append(base64.b64decode(data, validate=True))
-        except (binascii.Error, ValueError, TypeError):
-            raise ApiError(400, f"image {i + 1}: not valid base64", "invalid_image") from None
-    return key, reply_to, out
-
-
-def _check_pixels(images: list[bytes], limits: Limits) -> int:
-    """Pixel limits from the image headers, before anything is decoded; the request's total pixels."""
-    sizes = [image_size(n, data) for n, data in enumerate(images, start=1)]
-    check_image_sizes(sizes, limits)
-    return sum(w * h for w, h in sizes)
 
 
 async def build_encoder(args: Any, bundle: Any) -> Served:

@@ -2,7 +2,8 @@
 
 Identical images in one request are encoded once. Each group goes to the encoder chosen by
 the registry (cache affinity, then load); a group whose encoder cannot be reached is retried
-on another one and the failure counts towards that encoder's eviction.
+on another one and the failure counts towards that encoder's eviction. Small embeddings come
+back as the encoder's answer itself (encode_api.py), large ones over the transport.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime.servers.encode_api import INLINE_MAX_BYTES, INLINE_TYPE, inline_frames
 from epdctl.runtime.servers.registry import EncoderRegistry
 
 log = logging.getLogger(__name__)
@@ -29,8 +31,11 @@ class _EncoderDown(Exception):
 
 class EncoderClient:
     def __init__(self, registry: EncoderRegistry, session: aiohttp.ClientSession, transport: Any, wire: Any,
-                 timeout: float = 60.0):
+                 timeout: float = 60.0, inline_max_bytes: int = INLINE_MAX_BYTES,
+                 inline: dict[str, int] | None = None):
         self.registry = registry
+        self.inline_max_bytes = inline_max_bytes
+        self.inline = inline if inline is not None else {}  # "bytes_received": embeddings that came inline
         self.session = session
         self.transport = transport
         self.wire = wire
@@ -87,24 +92,27 @@ class EncoderClient:
                 state.inflight -= len(images)
 
     async def _call(self, url: str, images: list[bytes], trace: dict[str, float] | None = None) -> list[Any]:
-        """POST the images; the embeddings come back on the transport. The encoder answers the
-        POST only after our transport acknowledged them, so we go on as soon as they arrive and
-        let the answer finish in the background (one hop less on every request's critical path);
-        an error answer that comes first still fails the call."""
+        """POST the images; small embeddings are the answer, others come back on the transport.
+        The encoder answers the POST only after our transport acknowledged them, so we go on as
+        soon as they arrive and let the answer finish in the background (one hop less on every
+        request's critical path); an error answer that comes first still fails the call."""
         key = "enc-" + uuid.uuid4().hex
         recv = asyncio.create_task(self.transport.recv(key, self.timeout))
-        body = {"key": key, "reply_to": self.transport.address,
+        body = {"key": key, "reply_to": self.transport.address, "inline_max_bytes": self.inline_max_bytes,
                 "images": [base64.b64encode(b).decode() for b in images]}
         post = asyncio.create_task(self._post(url, body))
         try:
             await asyncio.wait({recv, post}, return_when=asyncio.FIRST_COMPLETED)
-            if not (recv.done() and recv.exception() is None):
-                await post  # its error (the encoder's 4xx/5xx or an unreachable encoder) explains best
+            if recv.done() and recv.exception() is None:
+                meta, tensors = recv.result()
+            elif (inline := await post) is not None:  # an error answer explains best: it raises here
+                meta, tensors = self.wire.unpack(inline_frames(inline, self.wire.parse_header))
+                self.inline["bytes_received"] = self.inline.get("bytes_received", 0) + len(inline)
+            else:
                 try:
-                    await recv
+                    meta, tensors = await recv
                 except asyncio.TimeoutError:
                     raise _EncoderDown(f"embeddings did not arrive within {self.timeout:g} s") from None
-            meta, tensors = recv.result()
             if trace is not None:
                 _merge_trace(trace, meta.get("trace"), time.time())
             return self.wire.tensors_to_embeds(meta, tensors)
@@ -116,7 +124,8 @@ class EncoderClient:
                 post.add_done_callback(self._settled)
             self.transport.discard(key)
 
-    async def _post(self, url: str, body: dict) -> None:
+    async def _post(self, url: str, body: dict) -> bytearray | None:
+        """The inline embeddings when the encoder answered with them, else None."""
         try:
             async with self.session.post(url + "/encode", json=body,
                                          timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
@@ -125,7 +134,8 @@ class EncoderClient:
                     if resp.status < 500:
                         raise ApiError(resp.status, detail, "encoder_rejected")
                     raise _EncoderDown(f"HTTP {resp.status}: {detail}")
-                await resp.read()
+                data = await resp.read()
+                return bytearray(data) if resp.content_type == INLINE_TYPE else None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             raise _EncoderDown(f"{type(exc).__name__}: {exc}") from None
 

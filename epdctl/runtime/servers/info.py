@@ -105,13 +105,16 @@ def add_info_routes(app: web.Application, info: WorkerInfo, metrics: Registry, l
         app.router.add_get(path, handler)
 
 
-def transport_metrics(metrics: Registry, transport: Any) -> None:
-    """Bytes and transfers moved by this worker's transport, labelled by direction."""
+def transport_metrics(metrics: Registry, transport: Any, inline: dict[str, int] | None = None) -> None:
+    """Bytes and transfers moved by this worker's transport, labelled by direction. ``inline``:
+    bytes of hand-offs that travelled inline in an HTTP answer instead (``{"bytes_sent": n,
+    "bytes_received": n}``, encode_api.py), counted in the byte totals: the data moved all the same."""
     def stat(key: str) -> Callable[[], float]:
-        return lambda: float(transport.stats.get(key, 0))
+        return lambda: float(transport.stats.get(key, 0) + (inline or {}).get(key, 0))
 
-    metrics.counter_fn("transport_bytes_sent_total", "Bytes sent over the transport", stat("bytes_sent"))
-    metrics.counter_fn("transport_bytes_received_total", "Bytes received over the transport", stat("bytes_received"))
+    metrics.counter_fn("transport_bytes_sent_total", "Bytes sent over the transport (or inline)", stat("bytes_sent"))
+    metrics.counter_fn("transport_bytes_received_total", "Bytes received over the transport (or inline)",
+                       stat("bytes_received"))
     metrics.counter_fn("transport_transfers_sent_total", "Messages sent over the transport", stat("transfers_sent"))
     metrics.counter_fn("transport_transfers_received_total", "Messages received over the transport",
                        stat("transfers_received"))

@@ -1,7 +1,9 @@
 """Prefill worker: images → encoders → prefill → KV handed to the decode of the same room.
 
 The router waits for our answer before the client sees a first token, so we answer 200 as
-soon as the prefill is done and hand the KV over in the background. A request that fails here
+soon as the prefill is done and hand the KV over in the background. A decode that asked for it
+gets the first token ahead of the KV (a tiny message under ``first_key(room)``) and streams it
+while the KV is on its way. A request that fails here
 also fails its decode partner fast: the error is sent to the decode under the room's key
 instead of letting it wait for a KV that will never come.
 """
@@ -26,6 +28,7 @@ from epdctl.runtime.servers.common import (ModelThread, Served, Stopwatch, json_
                                            to_api_error)
 from epdctl.runtime.servers.encoder_client import EncoderClient
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
+from epdctl.runtime.servers.kv_handoff import KVHandoff
 from epdctl.runtime.servers.native import add_native_routes, prefill_generate
 from epdctl.runtime.servers.registry import EncoderRegistry, api_key_from_env, bootstrap_app
 
@@ -53,12 +56,11 @@ class PrefillServer:
         self.admission = Admission(self.limits, bundle, info.context_length)
         self.session: aiohttp.ClientSession | None = None
         self.encoders: EncoderClient | None = None
-        self.handoffs: set[asyncio.Task] = set()
         self.running = 0
-        self.pending_kv_tokens = 0
-        self.kv_held = 0
         self.metrics = Registry("epd_prefill")
         self._init_metrics()
+        self.kv = KVHandoff(transport, wire, self.bootstrap, args.kv_timeout, args.bootstrap_port,
+                            self.m_handoff, self.m_stage)
 
     def _init_metrics(self) -> None:
         m = self.metrics
@@ -70,9 +72,10 @@ class PrefillServer:
         m.gauge("queue_depth", "Model calls waiting for the prefill thread", lambda: float(self.thread.pending))
         m.gauge("running_requests", "Requests being prefilled", lambda: float(self.running))
         own_work_metrics(m, self.thread.busy, lambda: self.thread.waiting)
-        m.gauge("pending_kv_handoffs", "KV caches held while waiting for their decode", lambda: float(self.kv_held))
+        m.gauge("pending_kv_handoffs", "KV caches held while waiting for their decode", lambda: float(self.kv.held))
         m.gauge("healthy_encoders", "Encoders admitted by the registry", lambda: float(len(self.registry.healthy_urls())))
-        transport_metrics(m, self.transport)
+        self.inline = {"bytes_received": 0}  # embeddings that came as an encoder's /encode answer
+        transport_metrics(m, self.transport, self.inline)
 
     def app(self) -> web.Application:
         app = make_app(self.limits.max_body_bytes)
@@ -89,11 +92,11 @@ class PrefillServer:
         return await prefill_generate(self, request)
 
     def idle(self) -> bool:
-        return self.running == 0 and self.thread.pending == 0 and self.kv_held == 0
+        return self.running == 0 and self.thread.pending == 0 and self.kv.held == 0
 
     def loads(self) -> dict[str, int]:
         return {"num_running_reqs": self.running, "num_waiting_reqs": self.thread.pending,
-                "num_used_tokens": self.pending_kv_tokens}
+                "num_used_tokens": self.kv.pending_tokens}
 
     async def health_generate(self) -> dict[str, Any]:
         """A real forward pass: text-only prefill of a short prompt."""
@@ -174,66 +177,18 @@ class PrefillServer:
         return result, timings
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self.handoffs.add(task)
-        task.add_done_callback(self.handoffs.discard)
+        self.kv.spawn(coro)
 
     async def _handoff(self, room: str, result: Any, timings: dict[str, float]) -> None:
-        """Wait (bounded) for the decode's route, then send it the KV; the KV is freed either way."""
-        held = int(result.prompt_len)
-        self.pending_kv_tokens += held
-        self.kv_held += 1
-        try:
-            try:
-                reply_to = (self.bootstrap.take_route(room)
-                            or await self.bootstrap.wait_route(room, self.args.kv_timeout))
-            except asyncio.TimeoutError:
-                self.m_handoff.inc(labels={"outcome": "no_decode"})
-                log.error("room %s: no decode asked for this KV within %g s (--kv-timeout); KV freed. Is the "
-                          "decode reaching bootstrap port %d?", room, self.args.kv_timeout, self.args.bootstrap_port)
-                return
-            timings["t_route"] = time.time()
-            meta, tensors = self._wire.kv_to_tensors(result)
-            del result
-            meta["timings"] = timings
-            meta["sent_at"] = time.time()
-            watch = Stopwatch()
-            try:
-                await self.transport.send(reply_to, room, meta, tensors)
-            except Exception as exc:
-                self.m_handoff.inc(labels={"outcome": "failed"})
-                log.error("room %s: sending the KV to %s failed: %s; KV freed", room, reply_to, exc)
-                return
-            self.m_stage.observe(watch.ms() / 1000.0, {"stage": "kv_send"})
-            self.m_handoff.inc(labels={"outcome": "sent"})
-        finally:
-            self.pending_kv_tokens -= held
-            self.kv_held -= 1
+        await self.kv.handoff(room, result, timings)
 
     def _fail_partner(self, room: Any, err: ApiError) -> None:
-        """Tell the decode of this room that no KV is coming, so it answers the same error now.
-
-        Only the error's fields travel to the background task: the exception's traceback would keep
-        the failed request's body (megabytes for a hostile one) alive for up to --kv-timeout.
-        """
-        if room is None or isinstance(room, bool) or not isinstance(room, (int, str)):
-            return
-        meta = {"kind": "error", "status": err.status, "message": err.message, "code": err.code, "type": err.type}
-        self._spawn(self._send_error(str(room), meta))
-
-    async def _send_error(self, room: str, meta: dict[str, Any]) -> None:
-        try:
-            reply_to = await self.bootstrap.wait_route(room, self.args.kv_timeout)
-            await self.transport.send(reply_to, room, meta, {})
-        except asyncio.TimeoutError:
-            pass  # no decode for this room (a direct call, or the router never sent it)
-        except Exception as exc:
-            log.warning("room %s: could not tell the decode about the failure: %s", room, exc)
+        self.kv.fail_partner(room, err)
 
     async def on_ready(self) -> None:
         self.session = aiohttp.ClientSession()
         self.encoders = EncoderClient(self.registry, self.session, self.transport, self._wire,
-                                      timeout=self.args.encoder_timeout)
+                                      timeout=self.args.encoder_timeout, inline=self.inline)
         self.registry.start(self.session)
         self.bootstrap.start()
         if not self.registry.encoders:
@@ -243,9 +198,7 @@ class PrefillServer:
     async def on_stop(self) -> None:
         await self.registry.stop()
         await self.bootstrap.stop()
-        for task in list(self.handoffs):
-            task.cancel()
-        await asyncio.gather(*self.handoffs, return_exceptions=True)
+        await self.kv.stop()
         if self.encoders is not None:
             await self.encoders.close()
         if self.session is not None:

@@ -11,7 +11,8 @@ python3 -m epdctl.runtime encoder \
     --host 127.0.0.1 \
     --port 31000 \
     --transport zmq \
-    --transfer-port 31008
+    --transfer-port 31008 \
+    --threads 1
 
 # encoder-1: encoder, http://127.0.0.1:31001
 python3 -m epdctl.runtime encoder \
@@ -19,7 +20,8 @@ python3 -m epdctl.runtime encoder \
     --host 127.0.0.1 \
     --port 31001 \
     --transport zmq \
-    --transfer-port 31009
+    --transfer-port 31009 \
+    --threads 1
 
 # prefill-0: prefill, http://127.0.0.1:31002
 python3 -m epdctl.runtime prefill \
