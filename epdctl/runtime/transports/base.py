@@ -60,11 +60,10 @@ class Endpoint:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         if self.bind.startswith("tcp://") and self.bind.count(":") == 1:
-            port = self.router.bind_to_random_port(self.bind)
-            self.endpoint = f"{self.bind}:{port}"
+            self.endpoint = f"{self.bind}:{self.router.bind_to_random_port(self.bind)}"
         else:
             self.router.bind(self.bind)
-            self.endpoint = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.endpoint.startswith("tcp://"):
             host, _, port = self.endpoint[6:].rpartition(":")
             self.endpoint = f"tcp://{advertised_host(host.strip('[]'))}:{port}"
