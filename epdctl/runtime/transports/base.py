@@ -12,7 +12,7 @@ import asyncio
 import logging
 import socket
 import time
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 import torch
 import zmq
@@ -213,7 +213,11 @@ class Endpoint:
         self.ctx.term()
 
 
-async def verify(fn, frames, nbytes: int):
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+async def verify(fn: Callable[[A], R], frames: A, nbytes: int) -> R:
     """Run a (CPU-heavy) unpack in a thread when the payload is large."""
     if nbytes >= _OFFLOAD_BYTES:
         return await asyncio.to_thread(fn, frames)

@@ -173,7 +173,7 @@ class MooncakeTransport(Endpoint):
         return [b"ERR", b"unknown message"]
 
     @staticmethod
-    def _unpack(args: tuple[bytes, torch.Tensor, list[int]]):
+    def _unpack(args: tuple[bytes, torch.Tensor, list[int]]) -> tuple[dict, dict[str, torch.Tensor]]:
         return unpack_written(*args)
 
     async def close(self) -> None:
