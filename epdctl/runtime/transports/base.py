@@ -23,6 +23,9 @@ from ..wire import Frame
 
 log = logging.getLogger(__name__)
 
+Message = tuple[dict, dict[str, torch.Tensor]]  # what recv() returns: (meta, tensors)
+Delivery = Message | TransferError              # what arrived under a key: the message, or what broke
+
 DEFAULT_TIMEOUT = 30.0
 UNCLAIMED_TTL = 300.0      # arrived data nobody asked for is dropped after this long
 _OFFLOAD_BYTES = 32 << 20  # verify larger payloads in a thread so the event loop keeps serving
@@ -50,8 +53,8 @@ class Endpoint:
         self.router: zmq.asyncio.Socket | None = None
         self.endpoint = ""
         self._task: asyncio.Task | None = None
-        self._arrived: dict[str, tuple[float, object]] = {}
-        self._waiters: dict[str, asyncio.Future] = {}
+        self._arrived: dict[str, tuple[float, Delivery]] = {}
+        self._waiters: dict[str, asyncio.Future[Delivery]] = {}
         self._idle: dict[str, list[zmq.asyncio.Socket]] = {}
         self.stats = {"bytes_sent": 0, "bytes_received": 0, "transfers_sent": 0, "transfers_received": 0,
                       "failures": 0, "connects": 0}
@@ -98,7 +101,7 @@ class Endpoint:
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         raise NotImplementedError
 
-    def _deliver(self, key: str, result: object) -> None:
+    def _deliver(self, key: str, result: Delivery) -> None:
         """Hand a verified payload (or the TransferError it raised) to the waiter for ``key``."""
         if isinstance(result, Exception):
             self.stats["failures"] += 1
@@ -113,7 +116,7 @@ class Endpoint:
             del self._arrived[k]
         self._arrived[key] = (now, result)
 
-    async def recv(self, key: str, timeout: float) -> tuple[dict, dict[str, torch.Tensor]]:
+    async def recv(self, key: str, timeout: float) -> Message:
         """Wait for the payload sent under ``key``; TransferError if it arrived damaged."""
         if key in self._arrived:
             result = self._arrived.pop(key)[1]
@@ -125,9 +128,9 @@ class Endpoint:
             finally:
                 if self._waiters.get(key) is fut and not fut.done():
                     self._waiters.pop(key, None)
-        if isinstance(result, Exception):
+        if isinstance(result, TransferError):
             raise result
-        return result  # type: ignore[return-value]
+        return result
 
     def discard(self, key: str) -> None:
         self._arrived.pop(key, None)
