@@ -101,7 +101,8 @@ class SlotCache:
                      + self.cols.view(-1, 1)).view(-1)
         self.dim = dim
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's new K/V ([n, heads, 1, dim]) at its length; the batch's view back."""
         k, v = self.slots.keys[layer_idx], self.slots.values[layer_idx]
         k.view(-1, self.dim).index_copy_(0, self.flat, key_states.reshape(-1, self.dim))

@@ -18,7 +18,7 @@ whose copy would exceed ``MAX_COPY_BYTES`` (a real Qwen2-VL: gigabytes) keep MKL
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import torch
 
@@ -49,16 +49,25 @@ class PackedLinear:
         return _linear(x, self.weight, self.bias)
 
 
+class GatedMLP(Protocol):
+    """What PackedMLP reads of a gated MLP (transformers' Qwen2MLP)."""
+
+    gate_proj: torch.nn.Linear
+    up_proj: torch.nn.Linear
+    down_proj: torch.nn.Linear
+    act_fn: Callable[[torch.Tensor], torch.Tensor]
+
+
 class PackedMLP:
     """A gated MLP (``down(act(gate(x)) * up(x))``, Qwen2's) with gate and up fused into one GEMM."""
 
-    def __init__(self, mlp: torch.nn.Module, rows: int = 16):
+    def __init__(self, mlp: GatedMLP, rows: int = 16):
         gate, up, down = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         if gate.bias is not None or up.bias is not None:
             raise ValueError("PackedMLP expects bias-free gate/up projections")
-        self.inter = int(gate.out_features)
-        self.gate_up = _pack(torch.cat([gate.weight.detach(), up.weight.detach()]), rows)
-        self.down = PackedLinear(down, rows)
+        self.inter: int = gate.out_features
+        self.gate_up: torch.Tensor = _pack(torch.cat([gate.weight.detach(), up.weight.detach()]), rows)
+        self.down: PackedLinear = PackedLinear(down, rows)
         self.act: Callable[[torch.Tensor], torch.Tensor] = mlp.act_fn
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -162,7 +162,7 @@ def unpack_contiguous(header_frame: Frame | dict, buf: torch.Tensor) -> tuple[di
     need = offsets[-1] + table[-1]["nbytes"] if table else 0  # the last tensor's padding may be absent
     if buf.numel() < need:
         raise TransferError(f"wire message truncated: buffer of {buf.numel()} bytes, layout needs {need}")
-    raw = memoryview(buf.numpy())
+    raw = buf.numpy().data  # = memoryview(ndarray), typed (numpy stubs lack __buffer__ before 3.12)
     typed: dict[torch.dtype, torch.Tensor] = {}  # buf as each dtype once: a tensor is then one as_strided
     tensors: dict[str, torch.Tensor] = {}
     for entry, off in zip(table, offsets):

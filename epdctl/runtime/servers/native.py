@@ -81,11 +81,11 @@ async def prefill_generate(server: Any, request: web.Request) -> web.Response:
         result = await server.thread.run(server.engine.prefill, prompt, [], _sampling(server, req))
         prefill_ms = (time.perf_counter() - t0) * 1000.0
     except Exception as exc:
-        err = to_api_error(exc)
+        failure = to_api_error(exc)
         if not req.prefill_only:
-            server._fail_partner(room, err)
-        server.m_requests.inc(labels={"status": str(err.status)})
-        raise err from None
+            server._fail_partner(room, failure)
+        server.m_requests.inc(labels={"status": str(failure.status)})
+        raise failure from None
     finally:
         server.running -= 1
     server.m_requests.inc(labels={"status": "200"})

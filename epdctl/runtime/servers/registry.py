@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -98,7 +99,7 @@ class EncoderRegistry:
     def healthy_urls(self) -> list[str]:
         return [s.url for s in self.encoders.values() if s.healthy]
 
-    def pick(self, digest: str, exclude: set[str] = frozenset(), extra: dict[str, int] | None = None) -> EncoderState:
+    def pick(self, digest: str, exclude: AbstractSet[str] = frozenset(), extra: dict[str, int] | None = None) -> EncoderState:
         """Rendezvous-hash owner of ``digest`` unless it is overloaded; then the least loaded.
 
         ``extra`` adds load not yet counted (images of the same request already placed).

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 from aiohttp import web
 
@@ -49,7 +49,7 @@ class Outcome:
     timings: dict[str, float]
 
 
-async def _tokens(gen: Generation, stream: oo.TextStream):
+async def _tokens(gen: Generation, stream: oo.TextStream) -> AsyncIterator[tuple[str, str | None]]:
     """Yield (delta_text, finish_reason|None) until the sequence ends."""
     while True:
         item = await gen.tokens.get()

@@ -15,8 +15,12 @@ from .base import DEFAULT_TIMEOUT
 
 
 class Transport(Protocol):
-    address: str
-    stats: dict
+    stats: dict[str, int]
+
+    @property
+    def address(self) -> str:
+        """Where peers send to (``zmq+tcp://``, ``zmq+ipc://``, ``mooncake://``); known once started."""
+        ...
 
     async def start(self) -> None: ...
 

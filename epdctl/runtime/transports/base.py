@@ -12,7 +12,7 @@ import asyncio
 import logging
 import socket
 import time
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Callable, Sequence, TypeVar
 
 import torch
 import zmq
@@ -22,6 +22,9 @@ from ..errors import TransferError
 from ..wire import Frame
 
 log = logging.getLogger(__name__)
+
+Message = tuple[dict, dict[str, torch.Tensor]]  # what recv() returns: (meta, tensors)
+Delivery = Message | TransferError              # what arrived under a key: the message, or what broke
 
 DEFAULT_TIMEOUT = 30.0
 UNCLAIMED_TTL = 300.0      # arrived data nobody asked for is dropped after this long
@@ -50,8 +53,8 @@ class Endpoint:
         self.router: zmq.asyncio.Socket | None = None
         self.endpoint = ""
         self._task: asyncio.Task | None = None
-        self._arrived: dict[str, tuple[float, object]] = {}
-        self._waiters: dict[str, asyncio.Future] = {}
+        self._arrived: dict[str, tuple[float, Delivery]] = {}
+        self._waiters: dict[str, asyncio.Future[Delivery]] = {}
         self._idle: dict[str, list[zmq.asyncio.Socket]] = {}
         self.stats = {"bytes_sent": 0, "bytes_received": 0, "transfers_sent": 0, "transfers_received": 0,
                       "failures": 0, "connects": 0}
@@ -60,11 +63,10 @@ class Endpoint:
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         if self.bind.startswith("tcp://") and self.bind.count(":") == 1:
-            port = self.router.bind_to_random_port(self.bind)
-            self.endpoint = f"{self.bind}:{port}"
+            self.endpoint = f"{self.bind}:{self.router.bind_to_random_port(self.bind)}"
         else:
             self.router.bind(self.bind)
-            self.endpoint = self.router.getsockopt(zmq.LAST_ENDPOINT).decode()
+            self.endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.endpoint.startswith("tcp://"):
             host, _, port = self.endpoint[6:].rpartition(":")
             self.endpoint = f"tcp://{advertised_host(host.strip('[]'))}:{port}"
@@ -99,7 +101,7 @@ class Endpoint:
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         raise NotImplementedError
 
-    def _deliver(self, key: str, result: object) -> None:
+    def _deliver(self, key: str, result: Delivery) -> None:
         """Hand a verified payload (or the TransferError it raised) to the waiter for ``key``."""
         if isinstance(result, Exception):
             self.stats["failures"] += 1
@@ -114,7 +116,7 @@ class Endpoint:
             del self._arrived[k]
         self._arrived[key] = (now, result)
 
-    async def recv(self, key: str, timeout: float) -> tuple[dict, dict[str, torch.Tensor]]:
+    async def recv(self, key: str, timeout: float) -> Message:
         """Wait for the payload sent under ``key``; TransferError if it arrived damaged."""
         if key in self._arrived:
             result = self._arrived.pop(key)[1]
@@ -126,9 +128,9 @@ class Endpoint:
             finally:
                 if self._waiters.get(key) is fut and not fut.done():
                     self._waiters.pop(key, None)
-        if isinstance(result, Exception):
+        if isinstance(result, TransferError):
             raise result
-        return result  # type: ignore[return-value]
+        return result
 
     def discard(self, key: str) -> None:
         self._arrived.pop(key, None)
@@ -214,7 +216,11 @@ class Endpoint:
         self.ctx.term()
 
 
-async def verify(fn, frames, nbytes: int):
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+async def verify(fn: Callable[[A], R], frames: A, nbytes: int) -> R:
     """Run a (CPU-heavy) unpack in a thread when the payload is large."""
     if nbytes >= _OFFLOAD_BYTES:
         return await asyncio.to_thread(fn, frames)

@@ -42,7 +42,7 @@ class Leases:
         except OSError:
             return []
         xid = uuid.uuid4().hex
-        self.open[xid] = Lease(time.monotonic(), seg, memoryview(self.pool.view(seg, seg.size).numpy()), incoming)
+        self.open[xid] = Lease(time.monotonic(), seg, self.pool.view(seg, seg.size).numpy().data, incoming)
         return [seg.name.encode(), xid.encode(), str(seg.size).encode()]
 
     def for_message(self, key: str, header: bytes) -> list[bytes]:

@@ -22,7 +22,7 @@ import logging
 import os
 import time
 import uuid
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +33,21 @@ from .base import DEFAULT_TIMEOUT, Endpoint, advertised_host, verify
 
 log = logging.getLogger(__name__)
 os.environ.setdefault("GLOG_minloglevel", "1")  # Mooncake's INFO lines would flood worker logs
+
+
+class _Engine(Protocol):
+    """The part of ``mooncake.engine.TransferEngine`` (0.3.13, its pybind signatures) used here."""
+
+    def initialize(self, local_hostname: str, metadata_server: str, protocol: str, device_name: str, /) -> int: ...
+
+    def get_rpc_port(self) -> int: ...
+
+    def register_memory(self, buffer_addr: int, capacity: int) -> int: ...
+
+    def unregister_memory(self, buffer_addr: int, /) -> int: ...
+
+    def transfer_sync_write(self, target_hostname: str, buffer: int, peer_buffer_address: int,
+                            length: int) -> int: ...
 
 
 def _ptr(buf: Frame) -> tuple[int, int]:
@@ -46,7 +61,7 @@ class MooncakeTransport(Endpoint):
         super().__init__(f"tcp://{host}:{port}" if port else f"tcp://{host}", timeout)
         self.host = host
         self.ib_device = ib_device
-        self.engine = None
+        self.engine: _Engine | None = None
         self.session = ""
         self._pending: dict[str, tuple[float, str, bytes, torch.Tensor]] = {}
 
@@ -54,13 +69,19 @@ class MooncakeTransport(Endpoint):
     def address(self) -> str:
         return "mooncake://" + self.endpoint.removeprefix("tcp://")
 
+    def _live(self) -> _Engine:
+        """The engine; TransferError before ``start()`` or after ``close()`` (a send racing close)."""
+        if self.engine is None:
+            raise TransferError("transport mooncake: not started (or already closed)")
+        return self.engine
+
     async def start(self) -> None:
         try:
             from mooncake.engine import TransferEngine
         except ImportError as exc:
             raise TransferError(f"transport mooncake: cannot import mooncake ({exc}); install "
                                 "mooncake-transfer-engine (and libibverbs1) or use --transport zmq") from exc
-        engine = TransferEngine()
+        engine: _Engine = TransferEngine()
         protocol = "rdma" if self.ib_device else "tcp"
         local = advertised_host(self.host)
         rc = engine.initialize(local, "P2PHANDSHAKE", protocol, self.ib_device or "")
@@ -98,22 +119,22 @@ class MooncakeTransport(Endpoint):
         total = layout(parse_header(header)["tensors"])[1]
         staging = torch.empty(max(total, 1), dtype=torch.uint8)
         lengths = fill(header, bufs, staging.numpy())
-        ptr = staging.data_ptr()
-        if self.engine.register_memory(ptr, staging.numel()) != 0:
+        ptr, engine = staging.data_ptr(), self._live()
+        if engine.register_memory(ptr, staging.numel()) != 0:
             raise TransferError(f"mooncake: cannot register {staging.numel()} bytes of send buffer")
         try:
-            rc = self.engine.transfer_sync_write(session, ptr, base, total) if total else 0
+            rc = engine.transfer_sync_write(session, ptr, base, total) if total else 0
             if rc != 0:
                 raise TransferError(f"mooncake: write of {total} bytes to {session} failed with code {rc}")
         finally:
-            self.engine.unregister_memory(ptr)
+            engine.unregister_memory(ptr)
         return lengths
 
     def _purge(self) -> None:
         now = time.monotonic()
         for xid in [x for x, p in self._pending.items() if now - p[0] > self.timeout]:
             _, key, _, buf = self._pending.pop(xid)
-            self.engine.unregister_memory(buf.data_ptr())
+            self._live().unregister_memory(buf.data_ptr())
             self._deliver(key, TransferError(f"transfer {key!r}: sender announced data but never completed it"))
 
     async def _handle(self, frames: list[memoryview]) -> list[bytes]:
@@ -127,7 +148,7 @@ class MooncakeTransport(Endpoint):
                 self._deliver(key, exc if isinstance(exc, TransferError) else TransferError(f"bad header: {exc}"))
                 return [b"ERR", str(exc).encode()]
             buf = torch.empty(max(total, 1), dtype=torch.uint8)
-            if self.engine.register_memory(buf.data_ptr(), buf.numel()) != 0:
+            if self._live().register_memory(buf.data_ptr(), buf.numel()) != 0:
                 return [b"ERR", b"receiver cannot register memory"]
             xid = uuid.uuid4().hex
             self._pending[xid] = (time.monotonic(), key, header, buf)
@@ -138,7 +159,7 @@ class MooncakeTransport(Endpoint):
             if entry is None:
                 return [b"ERR", b"unknown or expired transfer id"]
             _, key, header, buf = entry
-            self.engine.unregister_memory(buf.data_ptr())
+            self._live().unregister_memory(buf.data_ptr())
             lengths = json.loads(bytes(frames[2]))["lengths"]
             nbytes = sum(lengths)
             self.stats["bytes_received"] += nbytes
@@ -152,12 +173,13 @@ class MooncakeTransport(Endpoint):
         return [b"ERR", b"unknown message"]
 
     @staticmethod
-    def _unpack(args: tuple[bytes, torch.Tensor, list[int]]):
+    def _unpack(args: tuple[bytes, torch.Tensor, list[int]]) -> tuple[dict, dict[str, torch.Tensor]]:
         return unpack_written(*args)
 
     async def close(self) -> None:
-        for _, _, _, buf in self._pending.values():
-            self.engine.unregister_memory(buf.data_ptr())
+        if self.engine is not None:  # entries exist only once started
+            for _, _, _, buf in self._pending.values():
+                self.engine.unregister_memory(buf.data_ptr())
         self._pending.clear()
         await super().close()
         self.engine = None

@@ -36,12 +36,12 @@ def write_span(bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray, first
         lengths.append(n)
         if n <= CHUNK:
             dst[off:off + n] = src
-            h.update(src)
+            h.update(src.data)
             continue
         for start in range(0, n, CHUNK):
             piece = src[start:start + CHUNK]
             dst[off + start:off + start + piece.nbytes] = piece
-            h.update(piece)
+            h.update(piece.data)
     return h.intdigest(), lengths
 
 

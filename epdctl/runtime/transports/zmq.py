@@ -137,6 +137,8 @@ class ZmqTransport(Endpoint):
 
         async def blob(i: int) -> list[Frame]:
             descs, frames = [], []
+            sums: Sums  # a direct tensor's one checksum, or what the writer hashed
+            written: list[int]
             for first, last in groups[i]:
                 if last - first == 1 and table[first]["nbytes"] >= self.direct_bytes:
                     frame, digest, n = msg.write.direct(first)  # its own memory, hashed, not copied
@@ -144,7 +146,7 @@ class ZmqTransport(Endpoint):
                 else:  # a run of small tensors, copied and hashed into a slice of the send buffer
                     start, end = span(msg.offsets, msg.total, first, last)
                     sums, written = await _write(msg.write, staging, first, last, end - start)
-                    frame = memoryview(staging[start:end])
+                    frame = staging[start:end].data  # its memoryview
                 lengths.extend(written)
                 descs.append(part_header(first, sums, written))
                 frames.append(frame)
