@@ -107,4 +107,4 @@ class VisionEncoder:
         parts = torch.split(merged, sizes)
         self._stats["vision_passes"] += 1
         self._stats["vision_seconds"] += time.perf_counter() - t0
-        return [(p.clone(), tuple(int(x) for x in g)) for p, g in zip(parts, grid.tolist())]
+        return [(p.clone(), (int(t), int(h), int(w))) for p, (t, h, w) in zip(parts, grid.tolist())]

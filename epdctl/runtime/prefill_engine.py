@@ -29,7 +29,15 @@ class PrefillResult:
 
 
 def cache_layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    """Each layer's (keys, values) after a forward (every layer of these models is full attention)."""
+    out = []
+    for i, layer in enumerate(cache.layers):
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            raise RuntimeWorkerError(f"KV cache layer {i} ({type(layer).__name__}) holds no keys/values tensors; "
+                                     "only full-attention language models are supported")
+        out.append((keys, values))
+    return out
 
 
 class LanguagePrefill:
@@ -63,9 +71,9 @@ class LanguagePrefill:
         ids = torch.tensor([prompt.input_ids], dtype=torch.long)
         embeds = self.lm.embed_tokens(ids)
         if images:
-            img = torch.cat([e.embeds for e in images]).to(embeds.dtype)
+            vision = torch.cat([e.embeds for e in images]).to(embeds.dtype)
             mask = (ids == self.bundle.image_token_id).unsqueeze(-1)
-            embeds = embeds.masked_scatter(mask, img)
+            embeds = embeds.masked_scatter(mask, vision)
         pos, delta = self._positions(ids, images)
         cache = DynamicCache(config=self.text_config)
         out = self.lm(inputs_embeds=embeds, position_ids=pos, cache=cache, use_cache=True)

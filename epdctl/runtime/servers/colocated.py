@@ -20,7 +20,7 @@ from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, parse_chat_request
 from epdctl.runtime.servers.admission import Admission
-from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, to_api_error
+from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, ready, to_api_error
 from epdctl.runtime.servers.decode import GenerationMetrics
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes
@@ -76,9 +76,9 @@ class ColocatedServer:
     async def health_generate(self) -> dict[str, Any]:
         """A real two-token generation through the whole in-process pipeline."""
         params = self._Sampling(max_tokens=2, stop_token_ids=[])
-        prompt = await self.loop.call(self._build_prompt, self.bundle, [{"role": "user", "content": "hi"}], [])
-        result = await self.loop.call(self.prefill.prefill, prompt, [], params)
-        q = await self.loop.add("health-" + uuid.uuid4().hex, result, params)
+        prompt = await ready(self.loop, 'engine loop').call(self._build_prompt, self.bundle, [{"role": "user", "content": "hi"}], [])
+        result = await ready(self.loop, 'engine loop').call(self.prefill.prefill, prompt, [], params)
+        q = await ready(self.loop, 'engine loop').add("health-" + uuid.uuid4().hex, result, params)
         tokens = []
         while True:
             item = await asyncio.wait_for(q.get(), 30)
@@ -113,26 +113,26 @@ class ColocatedServer:
         try:
             watch = Stopwatch()
             t_in = time.time() - (time.perf_counter() - t_arrival)
-            images = await self.admission.images(req, self.session)
+            images = await self.admission.images(req, ready(self.session, 'HTTP client'))
             t_enc = time.time()
-            encoded = await self.loop.call(self.encoder.encode, images) if images else []
+            encoded = await ready(self.loop, 'engine loop').call(self.encoder.encode, images) if images else []
             encode_ms = watch.lap()
             t_emb = time.time()
-            prompt = await self.loop.call(self._build_prompt, self.bundle, req.messages, [e.grid_thw for e in encoded])
+            prompt = await ready(self.loop, 'engine loop').call(self._build_prompt, self.bundle, req.messages, [e.grid_thw for e in encoded])
             self.admission.prompt(len(prompt.input_ids), req.max_tokens)
             params = self._params(req)
-            result = await self.loop.call(self.prefill.prefill, prompt, encoded, params)
+            result = await ready(self.loop, 'engine loop').call(self.prefill.prefill, prompt, encoded, params)
             prefill_ms = watch.lap()
             t_pf = time.time()
             self.gm.stage.observe(encode_ms / 1000.0, {"stage": "encode"})
             self.gm.stage.observe(prefill_ms / 1000.0, {"stage": "prefill"})
-            tokens = await self.loop.add(seq_id, result, params)
+            tokens = await ready(self.loop, 'engine loop').add(seq_id, result, params)
             del result  # the engine owns the KV now; don't pin it for the whole response
             timings = {"encode_ms": encode_ms, "prefill_ms": prefill_ms, "kv_transfer_ms": 0.0, "kv_bytes": 0.0,
                        "embedding_bytes": 0.0, "t_decode_in": t_in, "t_enc_out": t_enc, "t_emb_in": t_emb,
                        "t_prefill_end": t_pf}
             return await self.gm.stream(request, req, seq_id=seq_id, tokens=tokens,
-                                        prompt_len=len(prompt.input_ids), loop=self.loop,
+                                        prompt_len=len(prompt.input_ids), loop=ready(self.loop, 'engine loop'),
                                         used_tokens=self.used_tokens, detok=self._detok,
                                         stop_ids=set(params.stop_token_ids), t_arrival=t_arrival,
                                         timings=timings)

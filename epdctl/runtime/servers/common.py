@@ -14,7 +14,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
@@ -146,6 +146,17 @@ class Stopwatch:
         out = (now - self.t0) * 1000.0
         self.t0 = now
         return out
+
+
+_T = TypeVar("_T")
+
+
+def ready(value: _T | None, what: str) -> _T:
+    """``value`` once the worker's ``on_ready`` set it; before that a 503 that says so (a request
+    that raced the worker's start), never an AttributeError on None."""
+    if value is None:
+        raise ApiError(503, f"the worker is still starting ({what} not ready yet); retry in a moment", "not_ready")
+    return value
 
 
 @dataclass

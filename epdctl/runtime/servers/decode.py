@@ -21,7 +21,7 @@ from aiohttp import web
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
 from epdctl.runtime.servers.busy import own_work_metrics
-from epdctl.runtime.servers.common import Served, make_app, read_json
+from epdctl.runtime.servers.common import Served, make_app, read_json, ready
 from epdctl.runtime.servers.early_first import stream_early
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
@@ -140,8 +140,8 @@ class DecodeServer:
             prompt = build_prompt(self.bundle, [{"role": "user", "content": "hi"}], [])
             return LanguagePrefill(self.bundle).prefill(prompt, [], params)
 
-        result = await self.loop.call(prefill)
-        q = await self.loop.add("health-" + uuid.uuid4().hex, result, params)
+        result = await ready(self.loop, 'decode loop').call(prefill)
+        q = await ready(self.loop, 'decode loop').add("health-" + uuid.uuid4().hex, result, params)
         tokens = []
         while True:
             item = await asyncio.wait_for(q.get(), 30)
@@ -199,7 +199,7 @@ class DecodeServer:
         finally:
             self.waiting_slot -= 1
         try:
-            tokens = await self.loop.add(seq_id, result, params)
+            tokens = await ready(self.loop, 'decode loop').add(seq_id, result, params)
             del result  # the engine owns the KV now; don't pin it for the whole response
             yield seq_id, tokens, kv_bytes
         finally:
@@ -215,7 +215,7 @@ class DecodeServer:
         async with self.sequence(req.bootstrap_room, meta, tensors, params) as (seq_id, tokens, kv_bytes):
             timings["kv_bytes"] = kv_bytes
             return await self.gm.stream(request, req, seq_id=seq_id, tokens=tokens,
-                                        prompt_len=int(meta.get("prompt_len", 0)), loop=self.loop,
+                                        prompt_len=int(meta.get("prompt_len", 0)), loop=ready(self.loop, 'decode loop'),
                                         used_tokens=self.used_tokens, detok=self._detok,
                                         stop_ids=set(params.stop_token_ids), t_arrival=t_arrival,
                                         timings=timings)

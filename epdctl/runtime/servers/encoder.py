@@ -24,7 +24,7 @@ from epdctl.runtime.limits import Limits, limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
-                                           to_api_error)
+                                           ready, to_api_error)
 from epdctl.runtime.servers.auth import require_bearer
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.encode_api import INLINE_TYPE, check_pixels, inline_body, parse_encode
@@ -226,7 +226,7 @@ class EncoderServer:
 
     async def _register(self, base: str) -> bool:
         try:
-            async with self.session.post(base.rstrip("/") + "/register_encoder_url", json={"url": self.public_url()},
+            async with ready(self.session, 'HTTP client').post(base.rstrip("/") + "/register_encoder_url", json={"url": self.public_url()},
                                          headers=bearer(self.api_key),
                                          timeout=aiohttp.ClientTimeout(total=5)) as resp:
                 if resp.status == 401:
@@ -238,7 +238,7 @@ class EncoderServer:
     async def _unregister(self) -> None:
         for base in self.args.register_urls or []:
             try:
-                async with self.session.delete(base.rstrip("/") + "/unregister_encoder_url",
+                async with ready(self.session, 'HTTP client').delete(base.rstrip("/") + "/unregister_encoder_url",
                                                json={"url": self.public_url()}, headers=bearer(self.api_key),
                                                timeout=aiohttp.ClientTimeout(total=2)):
                     pass

@@ -25,7 +25,7 @@ from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.admission import Admission
 from epdctl.runtime.servers.common import (ModelThread, Served, Stopwatch, json_response, make_app, read_json,
-                                           to_api_error)
+                                           ready, to_api_error)
 from epdctl.runtime.servers.encoder_client import EncoderClient
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
 from epdctl.runtime.servers.kv_handoff import KVHandoff
@@ -129,12 +129,12 @@ class PrefillServer:
                                               "prefill_cancelled", "server_error"))
             raise
         except Exception as exc:
-            err = to_api_error(exc)
-            self._fail_partner(room, err)
-            self.m_requests.inc(labels={"status": str(err.status)})
-            if err.status >= 500:
-                log.error("room %s: prefill failed: %s", room, err.message)
-            raise err from None
+            failure = to_api_error(exc)
+            self._fail_partner(room, failure)
+            self.m_requests.inc(labels={"status": str(failure.status)})
+            if failure.status >= 500:
+                log.error("room %s: prefill failed: %s", room, failure.message)
+            raise failure from None
         finally:
             self.running -= 1
         self.m_requests.inc(labels={"status": "200"})
@@ -149,11 +149,11 @@ class PrefillServer:
     async def _prefill(self, req: Any, t_arrival: float) -> tuple[Any, dict[str, float]]:
         watch = Stopwatch()
         trace = {"t_prefill_in": time.time() - (time.perf_counter() - t_arrival)}
-        images = await self.admission.images(req, self.session)
+        images = await self.admission.images(req, ready(self.session, 'HTTP client'))
         fetch_s = watch.lap() / 1000.0
         self.m_stage.observe(fetch_s, {"stage": "fetch"})
         trace["t_enc_out"] = time.time()
-        encoded, emb_bytes = await self.encoders.encode(images, trace) if images else ([], 0)
+        encoded, emb_bytes = await ready(self.encoders, 'encoder client').encode(images, trace) if images else ([], 0)
         encode_ms = watch.lap()
         if images:
             self.m_stage.observe(encode_ms / 1000.0, {"stage": "encode"})
