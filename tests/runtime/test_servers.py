@@ -88,6 +88,19 @@ def test_each_role_exports_its_own_busy_time_and_queue(cluster):
         assert metric(text, f"epd_{role}_own_queue_depth") == 0.0
 
 
+def test_each_worker_froze_its_startup_heap_and_times_its_gc_pauses(cluster):
+    """Every role froze what it loaded (a full collection would otherwise walk ~380k objects,
+    ~200 ms, inside some request) and exports its collector's pauses."""
+    for port, role in ((E0, "encoder"), (P, "prefill"), (D, "decode")):
+        text = run(get_text(f"http://127.0.0.1:{port}/metrics"))
+        assert metric(text, f"epd_{role}_gc_frozen_objects") > 50_000, role
+        pauses = metric(text, f"epd_{role}_gc_pauses_total")
+        total = metric(text, f"epd_{role}_gc_pause_seconds_total")
+        longest = metric(text, f"epd_{role}_gc_pause_longest_seconds")
+        assert pauses >= 0 and 0.0 <= longest <= total, (role, pauses, total, longest)
+        assert (pauses == 0) == (total == 0.0), (role, pauses, total)
+
+
 def test_concurrent_requests_batch_and_match(cluster, ref_bundle):
     cases = [[make_image(3)], [make_image(4), make_image(5)], [make_image(6), make_image(7), make_image(3)]]
     wants = [expected(ref_bundle, pngs) for pngs in cases]

@@ -19,6 +19,7 @@ from aiohttp import web
 from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, parse_chat_request
+from epdctl.runtime import gcpause
 from epdctl.runtime.servers.admission import Admission
 from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, ready, to_api_error
 from epdctl.runtime.servers.decode import GenerationMetrics
@@ -51,6 +52,7 @@ class ColocatedServer:
         self.metrics = Registry("epd_colocated")
         self.gm = GenerationMetrics(self.metrics)
         m = self.metrics
+        gcpause.metrics(m)
         stats = lambda k: (lambda: float(self.encoder.stats.get(k, 0)))  # noqa: E731
         m.counter_fn("embedding_cache_hits_total", "Embedding-cache hits", stats("cache_hits"))
         m.counter_fn("embedding_cache_misses_total", "Embedding-cache misses", stats("cache_misses"))

@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
+from epdctl.runtime import gcpause
 from epdctl.runtime.errors import BadRequestError, RuntimeWorkerError, TransferError
 from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES
 from epdctl.runtime.memtrim import after_large
@@ -225,6 +226,7 @@ async def serve(apps: list[tuple[web.Application, str, int]],
         runners = await start_runners(apps, drain_timeout)
         if on_ready is not None:
             await on_ready()
+        gcpause.freeze_startup_heap()
         await stop.wait()
         log.info("stopping (signal received): finishing in-flight requests")
     finally:

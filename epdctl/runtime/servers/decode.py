@@ -20,6 +20,7 @@ from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
+from epdctl.runtime import gcpause
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.common import Served, make_app, read_json, ready
 from epdctl.runtime.servers.early_first import stream_early
@@ -102,6 +103,7 @@ class DecodeServer:
         self.m_kv = self.metrics.counter("kv_receive_total", "KV receptions by outcome (ok, timeout, error, late, lost)")
         self.kv = KVReceiver(transport, args.kv_timeout, self.info_auth, self.m_kv)
         m = self.metrics
+        gcpause.metrics(m)
         m.gauge("running_requests", "Sequences being decoded", lambda: float(self.loop.num_running if self.loop else 0))
         m.gauge("queue_depth", "Requests waiting for their KV or a decode slot",
                 lambda: float(self.kv.waiting + self.waiting_slot))

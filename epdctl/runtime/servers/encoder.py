@@ -23,6 +23,7 @@ from epdctl.runtime.errors import BadRequestError
 from epdctl.runtime.limits import Limits, limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
+from epdctl.runtime import gcpause
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
                                            ready, to_api_error)
 from epdctl.runtime.servers.auth import require_bearer
@@ -131,6 +132,7 @@ class EncoderServer:
 
     def _init_metrics(self) -> None:
         m = self.metrics
+        gcpause.metrics(m)
         self.m_requests = m.counter("requests_total", "Encode requests by outcome")
         self.m_latency = m.histogram("encode_seconds", "Time from /encode arrival to embeddings sent")
         self.m_batch = m.histogram("batch_images", "Images per vision-tower batch",

@@ -23,6 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
+from epdctl.runtime import gcpause
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.auth import require_bearer
@@ -198,6 +199,7 @@ async def run_switchable(args: Any, parse: Parse) -> None:
     main = await start_runners([(host.app(), args.host, args.port)], ready=False)
     try:
         await host.bring(args)
+        gcpause.freeze_startup_heap()
         await stop.wait()
         log.info("stopping (signal received): finishing in-flight requests")
     finally:
