@@ -193,13 +193,15 @@ async def run_switchable(args: Any, parse: Parse) -> None:
     from epdctl.runtime.model import load_bundle
 
     bundle = await asyncio.to_thread(load_bundle, args.model_path, role="colocated")
+    # Freeze what loading made, not a role's servers: those are dropped at a switch, and a frozen
+    # cycle is never collected.
+    gcpause.freeze_startup_heap()
     host = RoleHost(args, bundle, parse)
     stop = stop_event()
     # ready only once the first role's own ports are bound too (bring -> start_runners)
     main = await start_runners([(host.app(), args.host, args.port)], ready=False)
     try:
         await host.bring(args)
-        gcpause.freeze_startup_heap()
         await stop.wait()
         log.info("stopping (signal received): finishing in-flight requests")
     finally:
