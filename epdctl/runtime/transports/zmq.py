@@ -73,8 +73,7 @@ class ZmqTransport(Endpoint):
         self._leases = Leases(self._pool, timeout)
         self._streams = Streams(timeout)
         self._spares: dict[str, tuple[str, bytes, int, float]] = {}  # peer -> segment it lent for the next message
-        self.part_bytes = PART_BYTES
-        self.direct_bytes = DIRECT_BYTES
+        self.part_bytes, self.direct_bytes = PART_BYTES, DIRECT_BYTES
         self.pipeline_bytes, self.large_part_bytes = PIPELINE_BYTES, LARGE_PART_BYTES
         self.pipeline_min_bytes = PIPELINE_MIN_BYTES
         self.stats.update({"shm_sent": 0, "shm_received": 0})
@@ -293,8 +292,8 @@ class _Outgoing:
     """One message on its way out: its header (checksums travel with the parts), layout and writer."""
 
     def __init__(self, key: str, header: dict, offsets: list[int], total: int, write: Writer):
-        self.key, self.header, self.header_json = key, header, json.dumps(header).encode()
-        self.offsets, self.total, self.write = offsets, total, write
+        self.key, self.header, self.offsets, self.total, self.write = key, header, offsets, total, write
+        self.header_json = json.dumps(header).encode()
 
 
 class _SpareGone(Exception):
