@@ -21,5 +21,5 @@ if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
   echo 31000-39999 > /proc/sys/net/ipv4/ip_local_reserved_ports
 fi
 EPDCTL_SETUP_SGLANG=${EPDCTL_SETUP_SGLANG:-1} bash scripts/setup.sh
-.venv/bin/python -m mypy   # the control plane's types (pyproject.toml [tool.mypy])
+.venv/bin/python -m mypy   # every module's types, control plane and runtime (pyproject.toml [tool.mypy])
 exec .venv/bin/python -m pytest -q "$@"
