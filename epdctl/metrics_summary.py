@@ -102,7 +102,8 @@ def worker_figures(role: str, samples: dict[str, float]) -> dict[str, Any]:
         out["cache_hit_rate"] = hit_rate(total(samples, f"{p}_embedding_cache_hits_total"),
                                          total(samples, f"{p}_embedding_cache_misses_total"))
     if role in ("encoder", "prefill"):
-        out["bytes_sent"] = total(samples, f"{p}_transport_bytes_sent_total")
+        sent = [total(samples, f"{p}_{k}_bytes_sent_total") for k in ("transport", "inline")]
+        out["bytes_sent"] = None if all(v is None for v in sent) else sum(v or 0 for v in sent)
     return out
 
 

@@ -44,3 +44,16 @@ def test_up_canary_deltas() -> None:
     assert missing_transfers(none, roles) == ["no encoder sent embedding bytes",
                                               "no decode received KV bytes"]
     assert missing_transfers({"encoder-0": None}, roles) == []  # unreadable is not "zero"
+
+
+def test_up_canary_deltas_say_what_came_inline() -> None:
+    """byte_deltas' 4-tuples: totals, then the inline part (the embedded runtime's small embeddings)."""
+    roles = {"encoder-0": "encoder", "encoder-1": "encoder", "prefill-0": "prefill", "decode-0": "decode"}
+    moved = {"encoder-0": (2048.0, 0.0, 2048.0, 0.0), "encoder-1": (4096.0, 0.0, 1024.0, 0.0),
+             "prefill-0": (100.0, 3072.0, 0.0, 2048.0), "decode-0": (0.0, 100.0, 0.0, 0.0)}
+    line = render_deltas(moved, roles)
+    assert "encoder-0 sent 2.0 KiB (all inline)" in line
+    assert "encoder-1 sent 4.0 KiB (1.0 KiB inline)" in line
+    assert "prefill-0 received 3.0 KiB (2.0 KiB inline), sent 100 B" in line
+    assert "decode-0 received 100 B;" not in line and line.endswith("decode-0 received 100 B")
+    assert missing_transfers(moved, roles) == []

@@ -8,6 +8,9 @@ shapes, which it can only do if the embeddings and the KV cache arrived; and the
 deltas of the workers' own ``epd_transport_bytes_{sent,received}_total`` counters around each
 request. Encoder bytes are attributed to the prefill whose requests were in flight (requests are
 sequential), and fresh random images are drawn until every encoder has sent to every prefill.
+The embedded runtime returns small embeddings inline in the encoder's HTTP answer (counted apart,
+``epd_*_inline_bytes_*_total``); the canary's requests ask for the transport
+(``epd_force_transport``), so an E->P pair passes only on bytes its transport carried.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from epdctl.errors import ProbeError
 from epdctl.rebalance.links import pd_pair
 
 SENT, RECEIVED = "transport_bytes_sent_total", "transport_bytes_received_total"
+INLINE_SENT, INLINE_RECEIVED = "inline_bytes_sent_total", "inline_bytes_received_total"
 
 
 @dataclass
@@ -75,17 +79,18 @@ class PairReport:
         return {"ok": self.ok, "pairs": [p.to_json() for p in self.pairs]}
 
 
-def counters(url: str, api_key_env: str | None) -> tuple[float, float] | None:
-    """(sent, received) transport bytes of one worker; None when its /metrics is unreachable."""
+def counters(url: str, api_key_env: str | None) -> tuple[float, ...] | None:
+    """(sent, received) transport bytes of one worker, then (sent, received) inline bytes; None
+    when its /metrics is unreachable."""
     r = metrics.fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env)
     if not r.ok:
         return None
     m = metrics.summed(r.body.decode(errors="replace"))
-    return (sum(v for k, v in m.items() if k.endswith(SENT)),
-            sum(v for k, v in m.items() if k.endswith(RECEIVED)))
+    return tuple(sum(v for k, v in m.items() if k.endswith(name))
+                 for name in (SENT, RECEIVED, INLINE_SENT, INLINE_RECEIVED))
 
 
-def _snapshot(workers: Sequence[Any], key_env: str | None) -> dict[str, tuple[float, float] | None]:
+def _snapshot(workers: Sequence[Any], key_env: str | None) -> dict[str, tuple[float, ...] | None]:
     return {w.name: counters(w.url, key_env) for w in workers}
 
 
@@ -100,7 +105,7 @@ def _one(prefill: Any, decode: Any, model: str | None, seed: int, timeout: float
     request is rebuilt from ``seed`` exactly as ``pd_pair`` draws it)."""
     from epdctl import shapes
 
-    text = pd_pair(prefill, decode, model, seed=seed, timeout=timeout)["answer"]
+    text = pd_pair(prefill, decode, model, seed=seed, timeout=timeout, force_transport=True)["answer"]
     items = shapes.make_request(random.Random(seed), 3, plain=True)[2]
     return shapes.parse_answer(text, 3) == items
 
@@ -172,12 +177,19 @@ def _measured(p: Any, d: Any, encs: Sequence[Any], pd: PairResult,
 
 def byte_deltas(workers: Sequence[Any], action: Callable[[], Any], *,
                 api_key_env: str | None) -> tuple[Any, dict[str, Any]]:
-    """Run ``action`` and return its result with each worker's (sent, received) transport
-    byte deltas over it (None for a worker whose /metrics could not be read)."""
+    """Run ``action`` and return its result with each worker's byte deltas over it: (sent,
+    received, of which inline sent, of which inline received) — transport and inline together,
+    since requests through the router take whichever path their size picks — or None for a
+    worker whose /metrics could not be read."""
     lead = [w for w in workers if getattr(w, "is_leader", True)]
     before = _snapshot(lead, api_key_env)
     result = action()
     after = _snapshot(lead, api_key_env)
-    return result, {w.name: None if before[w.name] is None or after[w.name] is None else
-                    (_delta(before, after, w.name, 0), _delta(before, after, w.name, 1))
-                    for w in lead}
+    out: dict[str, Any] = {}
+    for w in lead:
+        if before[w.name] is None or after[w.name] is None:
+            out[w.name] = None
+            continue
+        d = [_delta(before, after, w.name, i) for i in range(4)]
+        out[w.name] = (d[0] + d[2], d[1] + d[3], d[2], d[3])
+    return result, out

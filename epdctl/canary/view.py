@@ -38,15 +38,21 @@ def render_pairs(report: Any, cluster: str) -> str:
 
 
 def render_deltas(deltas: dict[str, Any], roles: dict[str, str]) -> str:
-    """The transport bytes each worker moved during `up`'s canary."""
+    """The bytes each worker moved during `up`'s canary (which part of them inline, when any)."""
+    def amount(d: Any, i: int) -> str:
+        inline = d[i + 2] if len(d) > 2 else 0
+        if not inline:
+            return human_bytes(d[i])
+        return f"{human_bytes(d[i])} ({'all' if inline >= d[i] else human_bytes(inline)} inline)"
+
     cells = []
     for name, d in deltas.items():
         if d is None:
             cells.append(f"{name} (no /metrics)")
         elif d[0] or d[1]:
-            what = {"encoder": f"sent {human_bytes(d[0])}",
-                    "decode": f"received {human_bytes(d[1])}"}.get(
-                roles.get(name, ""), f"received {human_bytes(d[1])}, sent {human_bytes(d[0])}")
+            what = {"encoder": f"sent {amount(d, 0)}",
+                    "decode": f"received {amount(d, 1)}"}.get(
+                roles.get(name, ""), f"received {amount(d, 1)}, sent {amount(d, 0)}")
             cells.append(f"{name} {what}")
     return "  transfers: " + ("; ".join(cells) or "none counted")
 

@@ -159,9 +159,10 @@ def wait_encoder_idle(url: str, timeout: float, quiet: float = 0.5, *, api_key_e
 
 
 def transfer_bytes(url: str, api_key_env: str | None) -> float:
-    """Bytes this worker moved over its transport (sent + received), from ``/metrics``."""
+    """Bytes this worker moved (sent + received) over its transport or inline in an HTTP answer
+    (the embedded runtime's small embeddings), from ``/metrics``."""
     m = metrics.worker(url, api_key_env=api_key_env)
-    return sum(v for k, v in m.items() if "transport_bytes" in k)
+    return sum(v for k, v in m.items() if "transport_bytes" in k or "inline_bytes" in k)
 
 
 # -- SGLang engine control ---------------------------------------------------------------------

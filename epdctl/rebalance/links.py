@@ -44,9 +44,13 @@ def _answer(doc: Any, n: int, where: str) -> str:
 
 
 def pd_pair(prefill: Any, decode: Any, model: str | None, seed: int = 0,
-            timeout: float = 120.0) -> dict[str, Any]:
-    """One disaggregated request on exactly this prefill/decode pair (as the router sends it)."""
+            timeout: float = 120.0, force_transport: bool = False) -> dict[str, Any]:
+    """One disaggregated request on exactly this prefill/decode pair (as the router sends it).
+    ``force_transport``: the embedded prefill takes every embedding over the E->P transport, even
+    one small enough to come inline (other engines ignore the field)."""
     body, n = _request(seed, model)
+    if force_transport:
+        body["epd_force_transport"] = True
     host = urlsplit(prefill.url).hostname or prefill.host
     body.update(bootstrap_host=host, bootstrap_port=prefill.bootstrap_port,
                 bootstrap_room=random.Random(seed).getrandbits(62))

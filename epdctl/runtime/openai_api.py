@@ -63,6 +63,7 @@ class ChatRequest:
     bootstrap_room: int | None = None
     return_token_ids: bool = False  # vLLM's extension: generated token ids in the answer
     ignore_eos: bool = False        # SGLang's and vLLM's extension: run to max_tokens
+    force_transport: bool = False   # epdctl's: embeddings over the E->P transport even when small
     request_id: str = ""
 
 
@@ -109,6 +110,7 @@ def parse_chat_request(body: dict[str, Any], served_name: str, *, max_images: in
     req.stream = _bool(body, "stream", False)
     req.return_token_ids = _bool(body, "return_token_ids", False)
     req.ignore_eos = _bool(body, "ignore_eos", False)
+    req.force_transport = _bool(body, "epd_force_transport", False)
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise ApiError(400, "'stream_options' must be an object", "invalid_value")

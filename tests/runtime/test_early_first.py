@@ -158,5 +158,26 @@ def test_the_real_encoder_answers_small_embeddings_inline(cluster):
     pd(chat_body(MODEL, [data_url(make_image(11))], max_tokens=2))
     after = run(get_text(url))
     assert metric(after, "epd_encoder_inline_answers_total") == metric(before, "epd_encoder_inline_answers_total") + 1
-    # the embeddings still count as bytes the encoder sent (status and dashboards read this)
-    assert metric(after, "epd_encoder_transport_bytes_sent_total") > metric(before, "epd_encoder_transport_bytes_sent_total")
+    # counted as inline bytes, apart from the transport's (a canary must know which path moved them)
+    assert metric(after, "epd_encoder_inline_bytes_sent_total") > metric(before, "epd_encoder_inline_bytes_sent_total")
+    assert metric(after, "epd_encoder_transport_bytes_sent_total") == metric(before, "epd_encoder_transport_bytes_sent_total")
+
+
+def test_force_transport_sends_small_embeddings_over_the_transport(cluster, ref_bundle):
+    """``epd_force_transport`` (the pair canary's requests): the same small embeddings take the E->P
+    transport, and the answer is the same tokens as the inline path's."""
+    from servers_cluster import E0, P
+
+    def counters() -> tuple[float, ...]:
+        enc, pre = run(get_text(f"http://127.0.0.1:{E0}/metrics")), run(get_text(f"http://127.0.0.1:{P}/metrics"))
+        return (metric(enc, "epd_encoder_transport_bytes_sent_total"), metric(enc, "epd_encoder_inline_answers_total"),
+                metric(pre, "epd_prefill_transport_bytes_received_total"),
+                metric(pre, "epd_prefill_inline_bytes_received_total"))
+
+    png = make_image(12)
+    before = counters()
+    forced = pd({**chat_body(MODEL, [data_url(png)], max_tokens=4, return_token_ids=True), "epd_force_transport": True})
+    after = counters()
+    assert after[0] > before[0] and after[2] > before[2]   # over the transport, both ends counted
+    assert after[1] == before[1] and after[3] == before[3]  # nothing inline
+    assert forced["choices"][0]["token_ids"] == expected(ref_bundle, [png], max_tokens=4)

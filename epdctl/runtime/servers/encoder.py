@@ -145,8 +145,10 @@ class EncoderServer:
         m.gauge("queue_depth", "Encode jobs waiting for a batch", lambda: float(self.batcher.queue.qsize()))
         own_work_metrics(m, self.thread.busy, lambda: self.batcher.queue.qsize())
         tstat = lambda k: (lambda: float(self.transport.stats.get(k, 0)))  # noqa: E731
-        m.counter_fn("transport_bytes_sent_total", "Embedding bytes sent to prefills (over the transport or inline "
-                     "in the /encode answer)", lambda: float(self.transport.stats.get("bytes_sent", 0) + self.inline["bytes"]))
+        m.counter_fn("transport_bytes_sent_total", "Embedding bytes sent to prefills over the transport",
+                     tstat("bytes_sent"))
+        m.counter_fn("inline_bytes_sent_total", "Embedding bytes sent as the /encode answer itself (small ones)",
+                     lambda: float(self.inline["bytes"]))
         m.counter_fn("inline_answers_total", "Embeddings returned inline in the /encode answer (small ones)",
                      lambda: float(self.inline["answers"]))
         m.counter_fn("transport_failures_total", "Failed transport sends", tstat("failures"))

@@ -42,11 +42,13 @@ class EncoderClient:
         self.timeout = timeout
         self._background: set[asyncio.Task] = set()  # POSTs whose embeddings already arrived
 
-    async def encode(self, images: list[bytes], trace: dict[str, float] | None = None) -> tuple[list[Any], int]:
+    async def encode(self, images: list[bytes], trace: dict[str, float] | None = None,
+                     allow_inline: bool = True) -> tuple[list[Any], int]:
         """Embeddings for ``images`` in request order, and the embedding bytes received.
 
         ``trace`` (optional) gets the wall-clock stamps of the slowest group: the encoder's arrival
-        and send (``t_enc_in``, ``t_enc_send``) and ours on receipt (``t_emb_in``)."""
+        and send (``t_enc_in``, ``t_enc_send``) and ours on receipt (``t_emb_in``). ``allow_inline``
+        False: every embedding comes over the transport, however small (the canary proves that path)."""
         unique: dict[str, bytes] = {}
         for data in images:
             unique.setdefault(hashlib.sha256(data).hexdigest(), data)
@@ -56,7 +58,7 @@ class EncoderClient:
             url = self.registry.pick(digest, extra=placed).url
             groups.setdefault(url, []).append(digest)
             placed[url] = placed.get(url, 0) + 1
-        parts = await asyncio.gather(*(self._group(url, [unique[d] for d in ds], trace)
+        parts = await asyncio.gather(*(self._group(url, [unique[d] for d in ds], trace, allow_inline)
                                        for url, ds in groups.items()))
         by_digest: dict[str, Any] = {}
         for encoded in parts:
@@ -65,7 +67,8 @@ class EncoderClient:
         nbytes = sum(e.embeds.numel() * e.embeds.element_size() for e in by_digest.values())
         return [by_digest[hashlib.sha256(d).hexdigest()] for d in images], nbytes
 
-    async def _group(self, url: str, images: list[bytes], trace: dict[str, float] | None = None) -> list[Any]:
+    async def _group(self, url: str, images: list[bytes], trace: dict[str, float] | None = None,
+                     allow_inline: bool = True) -> list[Any]:
         tried: set[str] = set()
         digest = hashlib.sha256(images[0]).hexdigest()
         last = ""
@@ -81,7 +84,7 @@ class EncoderClient:
             tried.add(url)
             state.inflight += len(images)
             try:
-                result = await self._call(url, images, trace)
+                result = await self._call(url, images, trace, allow_inline)
                 state.served += len(images)
                 return result
             except _EncoderDown as exc:
@@ -91,14 +94,15 @@ class EncoderClient:
             finally:
                 state.inflight -= len(images)
 
-    async def _call(self, url: str, images: list[bytes], trace: dict[str, float] | None = None) -> list[Any]:
+    async def _call(self, url: str, images: list[bytes], trace: dict[str, float] | None = None,
+                    allow_inline: bool = True) -> list[Any]:
         """POST the images; small embeddings are the answer, others come back on the transport.
         The encoder answers the POST only after our transport acknowledged them, so we go on as
         soon as they arrive and let the answer finish in the background (one hop less on every
         request's critical path); an error answer that comes first still fails the call."""
         key = "enc-" + uuid.uuid4().hex
         recv = asyncio.create_task(self.transport.recv(key, self.timeout))
-        body = {"key": key, "reply_to": self.transport.address, "inline_max_bytes": self.inline_max_bytes,
+        body = {"key": key, "reply_to": self.transport.address, "inline_max_bytes": self.inline_max_bytes if allow_inline else 0,
                 "images": [base64.b64encode(b).decode() for b in images]}
         post = asyncio.create_task(self._post(url, body))
         try:

@@ -108,13 +108,21 @@ def add_info_routes(app: web.Application, info: WorkerInfo, metrics: Registry, l
 def transport_metrics(metrics: Registry, transport: Any, inline: dict[str, int] | None = None) -> None:
     """Bytes and transfers moved by this worker's transport, labelled by direction. ``inline``:
     bytes of hand-offs that travelled inline in an HTTP answer instead (``{"bytes_sent": n,
-    "bytes_received": n}``, encode_api.py), counted in the byte totals: the data moved all the same."""
+    "bytes_received": n}``, encode_api.py), counted apart: a canary must know which path moved them."""
     def stat(key: str) -> Callable[[], float]:
-        return lambda: float(transport.stats.get(key, 0) + (inline or {}).get(key, 0))
+        return lambda: float(transport.stats.get(key, 0))
 
-    metrics.counter_fn("transport_bytes_sent_total", "Bytes sent over the transport (or inline)", stat("bytes_sent"))
-    metrics.counter_fn("transport_bytes_received_total", "Bytes received over the transport (or inline)",
+    def inl(key: str) -> Callable[[], float]:
+        return lambda: float((inline or {}).get(key, 0))
+
+    metrics.counter_fn("transport_bytes_sent_total", "Bytes sent over the transport", stat("bytes_sent"))
+    metrics.counter_fn("transport_bytes_received_total", "Bytes received over the transport",
                        stat("bytes_received"))
+    helps = {"bytes_sent": "Hand-off bytes sent inline in an HTTP answer",
+             "bytes_received": "Hand-off bytes received inline in an HTTP answer (embeddings that came as "
+                               "an encoder's /encode answer)"}
+    for key in inline or {}:  # only the directions this role has
+        metrics.counter_fn(f"inline_{key}_total", helps[key], inl(key))
     metrics.counter_fn("transport_transfers_sent_total", "Messages sent over the transport", stat("transfers_sent"))
     metrics.counter_fn("transport_transfers_received_total", "Messages received over the transport",
                        stat("transfers_received"))

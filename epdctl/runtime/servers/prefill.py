@@ -155,7 +155,8 @@ class PrefillServer:
         fetch_s = watch.lap() / 1000.0
         self.m_stage.observe(fetch_s, {"stage": "fetch"})
         trace["t_enc_out"] = time.time()
-        encoded, emb_bytes = await ready(self.encoders, 'encoder client').encode(images, trace) if images else ([], 0)
+        encoded, emb_bytes = await ready(self.encoders, 'encoder client').encode(
+            images, trace, allow_inline=not req.force_transport) if images else ([], 0)
         encode_ms = watch.lap()
         if images:
             self.m_stage.observe(encode_ms / 1000.0, {"stage": "encode"})
