@@ -109,13 +109,13 @@ def draw_one(rng: random.Random) -> Drawn:
         pen.polygon(pts, outline=colour, width=width)
     else:
         pen.polygon(pts, fill=colour)
-    img = canvas.resize((side, side), Image.LANCZOS)
+    img = canvas.resize((side, side), Image.Resampling.LANCZOS)
     noisy = rng.random() < 0.5
     if noisy:
         arr = np.asarray(img, dtype=np.float32)
         gen = np.random.default_rng(rng.randrange(2**32))
-        arr = arr + gen.normal(0.0, rng.uniform(3.0, 10.0), arr.shape)
-        img = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+        noised = arr + gen.normal(0.0, rng.uniform(3.0, 10.0), arr.shape)
+        img = Image.fromarray(np.clip(noised, 0, 255).astype(np.uint8))
     buf = io.BytesIO()
     jpeg = rng.random() < 0.5
     if jpeg:
