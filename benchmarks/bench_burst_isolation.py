@@ -8,6 +8,8 @@ burst of ``--burst-size`` requests with 8 images each arrives at once. Reported 
 streams' inter-token gaps (TPOT) p50/p99/max and the bursts' TTFT p50/p99. Modes:
   EPD pinned: topologies/local.yaml with `cpus:` encoders and prefill on CPU 0, decode on CPU 1;
   colocated: topologies/local-colocated.yaml with `cpus: "0-1"` (the same two cores, shared).
+The router (smg) and this client are pinned too (``--side-cpus``): EPD off the decode's core
+(CPU 0, beside the encoders and prefill), colocated on CPUs 0-1 beside the worker.
 
 Measured, not asserted. Usage:
     .venv/bin/python benchmarks/bench_burst_isolation.py [--seconds 20]
@@ -37,6 +39,46 @@ from epdctl.bench.client import body_for  # noqa: E402
 from epdctl.bench.workload import RequestSource, Workload  # noqa: E402
 
 EPD_CPUS = {"encoder": "0", "prefill": "0", "decode": "1"}
+# where the router (smg) and this bench client run: off the decode's core in EPD (the decode pool
+# is the decode's alone, as a decode GPU would be), on the shared cores when colocated
+SIDE_CPUS = {"epd": "none", "colocated": "none"}
+
+
+def _cpu_set(text: str) -> set[int]:
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def pin_router(state_dir: Path, cpus: set[int]) -> int:
+    """Pin every thread of the router's process group (from the cluster's state.json) to ``cpus``;
+    the threads pinned."""
+    pgids = set()
+    for f in state_dir.rglob("state.json"):
+        stack = [json.loads(f.read_text())]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, dict):
+                if node.get("role") == "router" and isinstance(node.get("handle"), dict):
+                    pgids.add(node["handle"].get("pgid") or node["handle"].get("pid"))
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                stack.extend(node)
+    pinned = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) not in pgids:
+                continue
+            for task in (proc / "task").iterdir():
+                os.sched_setaffinity(int(task.name), cpus)
+                pinned += 1
+        except (OSError, ProcessLookupError):
+            continue
+    return pinned
 
 
 def pct(xs: list[float], p: float) -> float | None:
@@ -46,8 +88,10 @@ def pct(xs: list[float], p: float) -> float | None:
     return round(xs[min(len(xs) - 1, max(0, math.ceil(p / 100 * len(xs)) - 1))] * 1000, 2)
 
 
-async def stream(session, url: str, body: dict) -> tuple[float | None, list[float]]:
-    """(TTFT, inter-token gaps) of one streamed answer, seconds."""
+async def stream(session, url: str, body: dict,
+                 stamps_out: list[list[float]] | None = None) -> tuple[float | None, list[float]]:
+    """(TTFT, inter-token gaps) of one streamed answer, seconds; the token stamps appended to
+    ``stamps_out`` when given."""
     t0 = time.perf_counter()
     stamps: list[float] = []
     async with session.post(url, json=body) as resp:
@@ -60,6 +104,8 @@ async def stream(session, url: str, body: dict) -> tuple[float | None, list[floa
                 if any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or []):
                     stamps.append(time.perf_counter())
     gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    if stamps_out is not None:
+        stamps_out.append(stamps)
     return (stamps[0] - t0 if stamps else None), gaps
 
 
@@ -71,6 +117,8 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
     burst_src = RequestSource(Workload(images={8: 1.0}, repeat=0.0, seed=2, concurrency=1))
     gaps: list[float] = []
     burst_ttft: list[float] = []
+    stamps: list[list[float]] = []
+    bursts_at: list[float] = []
     errors: list[str] = []
     end = time.perf_counter() + args.seconds
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
@@ -81,7 +129,7 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
             while time.perf_counter() < end:
                 try:
                     gaps.extend((await stream(session, url, body_for(streams_src.next(), model,
-                                                                     args.stream_tokens, True)))[1])
+                                                                     args.stream_tokens, True), stamps))[1])
                 except Exception as exc:  # noqa: BLE001 - reported, the run goes on
                     errors.append(str(exc)[:200])
 
@@ -96,6 +144,7 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
         async def bursts() -> None:
             await asyncio.sleep(args.burst_every / 2)
             while time.perf_counter() < end:
+                bursts_at.append(time.perf_counter())
                 await asyncio.gather(*(one_burst_request() for _ in range(args.burst_size)))
                 await asyncio.sleep(args.burst_every)
 
@@ -103,16 +152,18 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
     return {"tpot_gaps": len(gaps), "tpot_p50_ms": pct(gaps, 50), "tpot_p99_ms": pct(gaps, 99),
             "tpot_max_ms": pct(gaps, 100), "burst_requests": len(burst_ttft),
             "burst_ttft_p50_ms": pct(burst_ttft, 50), "burst_ttft_p99_ms": pct(burst_ttft, 99),
-            "errors": errors[:5], "error_count": len(errors)}
+            "errors": errors[:5], "error_count": len(errors), "_stamps": stamps, "_bursts_at": bursts_at}
 
 
-def topology(h: Harness, mode: str, port_base: int) -> tuple[Path, str, str]:
+def topology(h: Harness, mode: str, port_base: int, trace: Path | None = None) -> tuple[Path, str, str]:
     """The mode's topology with its pinning, on ports port_base..+99; (file, cluster name, model)."""
     src = ROOT / "topologies" / ("local.yaml" if mode == "epd" else "local-colocated.yaml")
     doc = yaml.safe_load(src.read_text())
     doc["ports"] = {"base": port_base, "limit": port_base + 99}
     for role, spec in doc["roles"].items():
         spec["cpus"] = EPD_CPUS[role] if mode == "epd" else "0-1"
+        if trace is not None:
+            spec["env"] = {**(spec.get("env") or {}), "EPDCTL_LOOP_TRACE": str(trace / f"{mode}-{role}.json")}
     name = f"burst-{mode}"
     return h.topology(doc, name), name, doc["model"]["served_name"]
 
@@ -125,25 +176,45 @@ def main() -> None:
     ap.add_argument("--burst-size", type=int, default=8)
     ap.add_argument("--burst-every", type=float, default=3.0)
     ap.add_argument("--port-base", type=int, default=31200)
+    ap.add_argument("--side-cpus", default="auto",
+                    help="CPUs for the router and this client: auto (EPD: %s, colocated: %s), a CPU list, "
+                         "or none (unpinned)" % (SIDE_CPUS["epd"], SIDE_CPUS["colocated"]))
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="folder for timelines: the decode's (EPDCTL_LOOP_TRACE) and the client's token stamps; "
+                         "read them with benchmarks/burst_gaps.py")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/burst_isolation.json")
     args = ap.parse_args()
+    if args.trace is not None:
+        args.trace = args.trace.resolve()
+        args.trace.mkdir(parents=True, exist_ok=True)
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs at least 2 CPUs (CPU 0 and 1)")
     h = Harness("epdctl-burst-")
     results: dict = {"command": " ".join(["benchmarks/bench_burst_isolation.py", *sys.argv[1:]]),
                      "cpus": {"epd": EPD_CPUS, "colocated": "0-1"}, "load_avg_at_start": os.getloadavg()}
     for mode in ("epd", "colocated"):
-        path, name, model = topology(h, mode, args.port_base)
+        path, name, model = topology(h, mode, args.port_base, args.trace)
         from epdctl.render import build_plan
         from epdctl.topology import load_topology
 
         plan = build_plan(load_topology(path))
         print(f"$ epdctl up {name}", flush=True)
         h.epdctl("up", str(path), "--no-canary", "--skip-preflight")
+        everything = os.sched_getaffinity(0)
         try:
+            side = SIDE_CPUS[mode] if args.side_cpus == "auto" else args.side_cpus
+            if side != "none":
+                threads = pin_router(h.tmp / "state", _cpu_set(side))
+                os.sched_setaffinity(0, _cpu_set(side))  # this client (its event loop thread)
+                print(f"  router ({threads} threads) and bench client pinned to CPU {side}", flush=True)
             results[mode] = asyncio.run(load(plan.router.url, model, args))
+            results[mode]["router_and_client_cpus"] = side
         finally:
+            os.sched_setaffinity(0, everything)
             h.epdctl("down", name, check=False)
+        client = {"stamps": results[mode].pop("_stamps"), "bursts_at": results[mode].pop("_bursts_at")}
+        if args.trace is not None:
+            (args.trace / f"{mode}-client.json").write_text(json.dumps(client))
     print(f"{'':24} {'EPD pinned':>12} {'colocated':>12}")
     for key in ("tpot_p50_ms", "tpot_p99_ms", "tpot_max_ms", "burst_ttft_p50_ms", "burst_ttft_p99_ms",
                 "tpot_gaps", "burst_requests", "error_count"):
