@@ -14,7 +14,7 @@ as a multi-token character, spans several decode steps in both modes alike; the 
 The router (smg) and this client are left unpinned by default (``--side-cpus none``; the bench
 says so): pinned to CPU 0 beside the encoders and prefill, off the decode's core, they relayed
 tokens late (decode write to client p50 0.88 ms vs 0.29 unpinned; a tenth of the tokens arrived
-in pairs vs 4-7 %), and the decode's core was 99 % the decode's own either way (perf, session 7).
+in pairs vs 4-7 %); unpinned, 99 % of the decode's core was the decode's own (perf, session 7).
 
 Measured, not asserted. Usage:
     .venv/bin/python benchmarks/bench_burst_isolation.py [--seconds 20]
