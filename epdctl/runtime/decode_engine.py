@@ -71,8 +71,8 @@ class DecodeEngine:
         return len(self._seqs)
 
     def add(self, seq_id: str, result: PrefillResult, params: SamplingParams) -> None:
-        """Take over a sequence after prefill; its first token is emitted by the next ``step()``,
-        and from the step after it decodes in the running batch."""
+        """Take over a sequence after prefill; the next ``step()`` emits its first token and, in the
+        same step, decodes its second in the running batch."""
         if seq_id in self._seqs:
             raise RuntimeWorkerError(f"sequence {seq_id!r} is already running")
         if len(self._seqs) >= self.max_running:
@@ -102,9 +102,8 @@ class DecodeEngine:
         """(seq_id, new_token, finished) for every running sequence; finished ones are freed."""
         self.steps += 1
         out: list[tuple[str, int, bool]] = []
-        batch = list(self._by_slot)
         fresh, self._fresh = list(self._fresh.values()), {}
-        for seq, result in fresh:  # emit the prefill's token; then the sequence joins the batch
+        for seq, result in fresh:  # emit the prefill's token; the sequence joins this step's batch
             done = self._finished(seq, seq.last_token)
             out.append((seq.seq_id, seq.last_token, done))
             if done:
@@ -112,6 +111,7 @@ class DecodeEngine:
             else:
                 seq.slot = self.slots.add(seq.seq_id, result.kv, seq.params.max_tokens)
                 self._by_slot.append(seq)
+        batch = list(self._by_slot)
         if batch:
             for seq, token in zip(batch, self._forward(len(batch))):
                 seq.last_token = token

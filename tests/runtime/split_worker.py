@@ -77,7 +77,7 @@ async def handle(cmd, transports, encoder, prefill, decode, bundle) -> dict:
         batch_sizes = []
         while decode.num_running:
             out = decode.step()
-            batch_sizes.append(len(out))
+            batch_sizes.append(len({room for room, _, _ in out}))  # rows stepped (a new row emits two tokens)
             for room, token, _ in out:
                 tokens[room].append(token)
         return {"tokens": tokens, "logits": {r: decode.pop_logits(r) for r in cmd["rooms"]},

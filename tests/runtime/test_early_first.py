@@ -15,9 +15,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from servers_cluster import D, MODEL, cluster, data_url, expected, get_text, model_dir, pd, ref_bundle, run  # noqa: F401
+from servers_cluster import (D, MODEL, P, PB, cluster, data_url, expected, get_text, model_dir, pd,  # noqa: F401
+                             ref_bundle, run)
 from tiny_model import make_image
-from worker_procs import chat_body, metric
+from worker_procs import Worker, chat_body, metric, pd_call, sse_events, with_room
 
 from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.transports import open_transport
@@ -58,6 +59,30 @@ def test_a_first_token_that_ends_the_answer_needs_no_kv(cluster, ref_bundle):
         raise AssertionError("the unneeded KV was never drained")
 
     run(drained())
+
+
+def test_a_decode_pinned_to_one_core_streams_exact_tokens_to_concurrent_clients(cluster, ref_bundle, model_dir,
+                                                                               tmp_path):
+    """``--cpus`` of one core: the engine waits for each step's tokens to be written and the GIL
+    hands over sooner (engine_loop.py); concurrent streams still get exactly their tokens."""
+    port = _port()
+    one = Worker("decode", ["--model-path", str(model_dir), "--served-model-name", MODEL, "--port", str(port),
+                            "--kv-timeout", "60", "--cpus", "0"], tmp_path, "decode-one-core")
+    try:
+        one.wait_ready()
+        sets = [[make_image(7)], [make_image(8), make_image(9)], [make_image(10)]]
+        bodies = [with_room(chat_body(MODEL, [data_url(p) for p in pngs], max_tokens=10, stream=True,
+                                      return_token_ids=True), PB) for pngs in sets]
+
+        async def all_at_once() -> list:
+            return await asyncio.gather(*(pd_call(f"http://127.0.0.1:{P}", one.url, b) for b in bodies))
+
+        for pngs, ((ps, _), (ds, dbody)) in zip(sets, run(all_at_once())):
+            assert ps == 200 and ds == 200, dbody
+            events = sse_events(dbody)
+            assert [t for c in events[:-1] for t in c["choices"][0].get("token_ids", [])] == expected(ref_bundle, pngs)
+    finally:
+        one.stop()
 
 
 def _port() -> int:

@@ -27,6 +27,7 @@ from epdctl.runtime.servers.early_first import stream_early
 from epdctl.runtime.servers.engine_loop import EngineLoop
 from epdctl.runtime.servers.info import WorkerInfo, add_info_routes, transport_metrics
 from epdctl.runtime.servers.kv_receive import KVReceiver, kv_arrival, prefill_timings
+from epdctl.runtime.servers import loop_trace
 from epdctl.runtime.servers.native import add_native_routes, decode_generate
 from epdctl.runtime.servers.registry import api_key_from_env, bearer
 from epdctl.runtime.servers.respond import Generation, respond
@@ -62,9 +63,12 @@ class GenerationMetrics:
         Shared by decode and colocated workers so `/v1/loads` and the metrics mean the same in both.
         """
         used_tokens[seq_id] = prompt_len
+        trace = loop.trace
 
         def on_token(_: int) -> None:
             used_tokens[seq_id] = used_tokens.get(seq_id, 0) + 1
+            if trace is not None:
+                trace.token(seq_id)
 
         gen = Generation(seq_id=seq_id, req=req, tokens=tokens, prompt_len=prompt_len, stop_ids=stop_ids,
                          decode=detok, abort=loop.abort, t_arrival=t_arrival, timings=timings,
@@ -230,6 +234,7 @@ class DecodeServer:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self.kv.session = self.session
         self.loop = EngineLoop(self.engine, asyncio.get_running_loop())
+        self.loop.trace = loop_trace.from_env()
         self.loop.start()
 
     async def on_stop(self) -> None:
@@ -237,6 +242,8 @@ class DecodeServer:
             task.cancel()
         if self.loop is not None:
             await asyncio.to_thread(self.loop.stop)
+            if self.loop.trace is not None:
+                self.loop.trace.dump()
         if self.session is not None:
             await self.session.close()
         await self.transport.close()

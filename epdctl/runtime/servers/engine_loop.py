@@ -3,19 +3,34 @@
 The engine is not thread-safe, so ``add``/``abort`` and any other model work (a colocated
 prefill or encode) are queued as commands and run by this thread between decode steps. Each
 step's tokens are handed back to the event loop, one asyncio queue per sequence.
+
+On a worker pinned to one core (``cpus:``, the EPD decode's own core) the engine thread and the
+event loop cannot overlap, and the engine steps back to back, so each step's tokens waited for
+the scheduler to preempt the next step (a token reached its client a step or more late:
+benchmarks/burst_gaps.py). There, after a step the thread waits (at most ``FLUSH_WAIT_S``) until
+the loop has run the handlers those tokens woke (their SSE writes), and the GIL hands over after
+``SWITCH_INTERVAL_S`` instead of 5 ms, so the loop's short callbacks do not queue behind a step.
+The handlers' work runs on that core either way; run first it costs the step nothing. With more
+cores the two overlap, and nothing changes (waiting there slowed a one-stream decode).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import sys
 import threading
+import time
 from typing import Any, Callable
 
 from epdctl.runtime.servers.busy import BusyClock
 
 log = logging.getLogger(__name__)
+
+FLUSH_WAIT_S = 0.002  # one core: the longest a step waits for the previous step's tokens to be written
+SWITCH_INTERVAL_S = 0.0002  # one core: the GIL's hand-over interval (Python's default: 5 ms)
 
 
 class EngineLoop:
@@ -24,15 +39,20 @@ class EngineLoop:
         self.loop = loop
         self._cmds: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future | None]] = queue.SimpleQueue()
         self._wake = threading.Event()
+        self._flushed = threading.Event()  # set by the event loop once a step's tokens went out
+        self.one_core = len(os.sched_getaffinity(0)) == 1  # engine and event loop share one core
         self._streams: dict[str, asyncio.Queue] = {}
         self._in_engine: set[str] = set()  # touched only by the engine thread
         self._stopping = False
         self.pending_commands = 0
         self.steps = 0
         self.busy = BusyClock()  # seconds spent in steps and model commands (the decode's own work)
+        self.trace: Any = None  # a loop_trace.LoopTrace: every step and command timed
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
+        if self.one_core:
+            sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._thread.start()
 
     def stop(self) -> None:
@@ -87,8 +107,11 @@ class EngineLoop:
                 self._wake.clear()
                 continue
             try:
+                t0, c0 = time.perf_counter(), time.thread_time()
                 with self.busy:
                     out = self.engine.step()
+                if self.trace is not None:
+                    self.trace.step(t0, time.perf_counter(), len(out), time.thread_time() - c0)
             except Exception as exc:  # a broken step must not wedge every running request
                 log.exception("decode step failed; aborting the running sequences")
                 self.loop.call_soon_threadsafe(self._fail_all, exc)
@@ -100,7 +123,10 @@ class EngineLoop:
                 if done:
                     self._in_engine.discard(seq_id)
             if out:
-                self.loop.call_soon_threadsafe(self._deliver, out)
+                self._flushed.clear()
+                self.loop.call_soon_threadsafe(self._deliver, out, time.perf_counter())
+                if self.one_core:
+                    self._flushed.wait(FLUSH_WAIT_S)
 
     def _drain(self) -> None:
         while True:
@@ -108,11 +134,14 @@ class EngineLoop:
                 fn, fut = self._cmds.get_nowait()
             except queue.Empty:
                 return
+            t0 = time.perf_counter()
             try:
                 with self.busy:
                     res, err = fn(), None
             except BaseException as exc:  # handed to the awaiting coroutine
                 res, err = None, exc
+            if self.trace is not None:
+                self.trace.command(t0, time.perf_counter())
             if fut is not None:
                 self.loop.call_soon_threadsafe(self._settle, fut, res, err)
 
@@ -125,7 +154,9 @@ class EngineLoop:
         else:
             fut.set_result(res)
 
-    def _deliver(self, out: list[tuple[str, int, bool]]) -> None:
+    def _deliver(self, out: list[tuple[str, int, bool]], t_step_end: float = 0.0) -> None:
+        if self.trace is not None:
+            self.trace.deliver(t_step_end)
         for seq_id, token, done in out:
             q = self._streams.get(seq_id)
             if q is None:
@@ -133,6 +164,8 @@ class EngineLoop:
             q.put_nowait((token, done))
             if done:
                 self._streams.pop(seq_id, None)
+        # runs after the handlers these tokens woke (call_soon keeps order): they have written
+        self.loop.call_soon(self._flushed.set)
 
     def _fail_all(self, exc: BaseException) -> None:
         for q in self._streams.values():
