@@ -1,0 +1,178 @@
+"""A decode step's attention as one small C loop per layer, built on this host at first use.
+
+Why: torch runs a step's attention (one query token per row) as two batched GEMMs per layer,
+i.e. MKL called on 2 query rows per KV head (M = 2): 54 us per stream per step on the tiny model
+(profile_decode_step.py --ops, 16 rows), ~5x what reading the KV costs, and every row is read to
+the batch's padded width. benchmarks/bench_slot_attention.py lists the torch layouts tried; none
+came near the read floor. This loop reads each row's keys and values once, only up to that row's
+own length (no mask, no padding), keeps the group's queries side by side, and writes the output
+in the layout the o_proj reads.
+
+How: the C source below is compiled with the host's ``cc`` (-O3 -march=native, vectorised exp
+via glibc's libmvec) into a per-user cache (``$XDG_CACHE_HOME/epdctl`` or ``~/.cache/epdctl``,
+mode 0700, named by a hash of source and flags; written to a temporary name, then renamed, so
+concurrent workers never load half a file) and called through ctypes. No compiler, a failed
+build or ``EPDCTL_NATIVE_ATTENTION=0`` leaves ``kernel()`` None and the torch path in
+slot_attention.py runs instead (same tokens: the engine's tests compare both with each sequence
+decoded alone). fp32 only; other dtypes take the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ACC_DIM 256 /* head dims up to this accumulate the output in a local array (the compiler keeps
+                       it out of memory the kernel writes through) */
+
+/* One row's one KV head: its group of queries over columns 0..len-1, K and V read once. */
+static void head_attend(int64_t len, int64_t group, int64_t dim, const float *restrict Q, const float *restrict K,
+                        const float *restrict V, float scale, float *restrict scores, float *restrict O) {
+    for (int64_t j = 0; j < len; j++) {
+        const float *restrict kj = K + j * dim;
+        for (int64_t g = 0; g < group; g++) {
+            const float *restrict qg = Q + g * dim;
+            float acc = 0.0f;
+#pragma omp simd reduction(+:acc)
+            for (int64_t d = 0; d < dim; d++) acc += qg[d] * kj[d];
+            scores[g * len + j] = acc * scale;
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float *restrict s = scores + g * len;
+        float top = s[0], sum = 0.0f;
+        for (int64_t j = 1; j < len; j++) top = s[j] > top ? s[j] : top;
+#pragma omp simd reduction(+:sum)
+        for (int64_t j = 0; j < len; j++) { s[j] = expf(s[j] - top); sum += s[j]; }
+        const float inv = 1.0f / sum;
+#pragma omp simd
+        for (int64_t j = 0; j < len; j++) s[j] *= inv;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        const float *restrict s = scores + g * len;
+        float acc[ACC_DIM];
+        float *restrict o = dim <= ACC_DIM ? acc : O + g * dim;
+        for (int64_t d = 0; d < dim; d++) o[d] = 0.0f;
+        for (int64_t j = 0; j < len; j++) {
+            const float p = s[j];
+            const float *restrict vj = V + j * dim;
+#pragma omp simd
+            for (int64_t d = 0; d < dim; d++) o[d] += p * vj[d];
+        }
+        if (o == acc) memcpy(O + g * dim, acc, sizeof(float) * (size_t)dim);
+    }
+}
+
+/* q, out: [n, heads, dim] contiguous. k, v: row i, kv head h, column j at
+   base + i*slot_stride + h*head_stride + j*dim. lengths[i]: columns row i attends over (>= 1).
+   Head h reads kv head h / (heads / kv_heads), as transformers' repeat_kv orders them. */
+int epd_slot_attention_f32(int64_t n, int64_t heads, int64_t kv_heads, int64_t dim, const float *q,
+                           const float *k, const float *v, int64_t slot_stride, int64_t head_stride,
+                           const int64_t *lengths, float scale, float *out) {
+    const int64_t group = heads / kv_heads;
+    int64_t most = 1;
+    for (int64_t i = 0; i < n; i++) most = lengths[i] > most ? lengths[i] : most;
+    float *scores = malloc(sizeof(float) * (size_t)(group * most));
+    if (!scores) return -1;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < kv_heads; h++)
+            head_attend(lengths[i], group, dim, q + (i * heads + h * group) * dim,
+                        k + i * slot_stride + h * head_stride, v + i * slot_stride + h * head_stride, scale, scores,
+                        out + (i * heads + h * group) * dim);
+    free(scores);
+    return 0;
+}
+"""
+# Compiled and linked in two steps: linking a shared library with -ffast-math (gcc < 13) adds
+# crtfastmath.o, whose constructor would switch the whole process (torch too) to flush-to-zero.
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
+LIBS = ("-lmvec", "-lm")
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_ARGTYPES = [_I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR]
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(base) / "epdctl"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def _build() -> ctypes.CDLL:
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        raise OSError("no C compiler (cc) on PATH")
+    tag = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, *LIBS)).encode()).hexdigest()[:16]
+    lib = _cache_dir() / f"slot_attention-{tag}.so"
+    if not lib.is_file():
+        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
+            src, obj, out = (Path(tmp) / f"slot_attention.{ext}" for ext in ("c", "o", "so"))
+            src.write_text(SOURCE)
+            for argv in ([cc, *FLAGS, "-c", str(src), "-o", str(obj)], [cc, "-shared", str(obj), "-o", str(out), *LIBS]):
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+                if done.returncode:
+                    raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
+            os.replace(out, lib)
+    dll = ctypes.CDLL(str(lib))
+    dll.epd_slot_attention_f32.argtypes = _ARGTYPES
+    dll.epd_slot_attention_f32.restype = ctypes.c_int
+    return dll
+
+
+_state: dict[str, object] = {}
+
+
+def kernel() -> ctypes.CDLL | None:
+    """The built library, or None (disabled, no compiler, or the build failed: logged once)."""
+    if "dll" not in _state:
+        dll = None
+        if os.environ.get("EPDCTL_NATIVE_ATTENTION", "1") != "0":
+            try:
+                dll = _build()
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.info("native decode attention unavailable (%s); using torch's", exc)
+        _state["dll"] = dll
+    return _state["dll"]  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class RowLengths:
+    """What a native decode step passes as its attention mask: the columns each row attends over
+    (int64 [n]: its length before the step + the new token) and the library that reads them."""
+    valid: torch.Tensor
+    dll: ctypes.CDLL
+
+
+def attend(dll: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, lengths: torch.Tensor,
+           scaling: float) -> torch.Tensor:
+    """query [n, heads, 1, dim]; key/value [n, kv_heads, width, dim] views of one slot table each
+    (columns contiguous, same strides); lengths int64 [n], columns each row reads. Returns
+    [n, 1, heads, dim] like transformers' attention functions."""
+    n, heads, _, dim = query.shape
+    q = query.reshape(n, heads, dim).contiguous()
+    out = torch.empty(n, 1, heads, dim, dtype=torch.float32)
+    ss, hs, cs, ds = key.stride()
+    if cs != dim or ds != 1 or value.stride() != key.stride():
+        raise ValueError("native attention needs K/V views with contiguous columns and equal strides")
+    rc = dll.epd_slot_attention_f32(n, heads, key.shape[1], dim, q.data_ptr(), key.data_ptr(), value.data_ptr(),
+                                    ss, hs, lengths.data_ptr(), scaling, out.data_ptr())
+    if rc:
+        raise MemoryError("native decode attention: out of memory for its scores")
+    return out
