@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,10 +43,63 @@ SOURCE = r"""
 #define ACC_DIM 256 /* head dims up to this accumulate the output in a local array (the compiler keeps
                        it out of memory the kernel writes through) */
 
+#if defined(__GNUC__) && !defined(__clang__)
+#define DOT16 1
+/* 16 keys' scores at once without 16 horizontal sums: each key's products stay a 16-lane vector,
+   then four rounds of pairwise shuffles + adds fold the 16 vectors into one (lane l = key
+   bitreverse(l)), unscrambled by one last shuffle. GCC lowers the vectors to the host's width. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+static inline v16 load16(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
+static v16 dot16(const float *restrict qg, const float *restrict K, int64_t dim) {
+    static const i16 lo1 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+    static const i16 lo2 = {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27};
+    static const i16 lo3 = {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29};
+    static const i16 lo4 = {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30};
+    static const i16 rev = {0, 8, 4, 12, 2, 10, 6, 14, 1, 9, 5, 13, 3, 11, 7, 15};
+    v16 a[16];
+    for (int t = 0; t < 16; t++) {
+        v16 acc = {0};
+        for (int64_t c = 0; c < dim; c += 16) acc += load16(qg + c) * load16(K + t * dim + c);
+        a[t] = acc;
+    }
+    for (int t = 0; t < 8; t++) a[t] = __builtin_shuffle(a[2 * t], a[2 * t + 1], lo1) + __builtin_shuffle(a[2 * t], a[2 * t + 1], lo1 + 8);
+    for (int t = 0; t < 4; t++) a[t] = __builtin_shuffle(a[2 * t], a[2 * t + 1], lo2) + __builtin_shuffle(a[2 * t], a[2 * t + 1], lo2 + 4);
+    for (int t = 0; t < 2; t++) a[t] = __builtin_shuffle(a[2 * t], a[2 * t + 1], lo3) + __builtin_shuffle(a[2 * t], a[2 * t + 1], lo3 + 2);
+    return __builtin_shuffle(__builtin_shuffle(a[0], a[1], lo4) + __builtin_shuffle(a[0], a[1], lo4 + 1), rev);
+}
+#endif
+
+/* probs @ V for head dims of C 16-lane chunks: the output row stays in C registers (a loop that
+   adds into memory waits on its own stores every column). */
+#define PV_FIXED(C)                                                                                          \
+    static void pv_##C(int64_t len, const float *restrict s, const float *restrict V, float *restrict O) {    \
+        v16 acc[C] = {{0}};                                                                                 \
+        for (int64_t j = 0; j < len; j++) {                                                                 \
+            const v16 p = (v16){0} + s[j];                                                                      \
+            for (int c = 0; c < C; c++) acc[c] += p * load16(V + j * 16 * C + 16 * c);                      \
+        }                                                                                                   \
+        memcpy(O, acc, sizeof acc);                                                                         \
+    }
+#ifdef DOT16
+PV_FIXED(4)
+PV_FIXED(8)
+#endif
+
 /* One row's one KV head: its group of queries over columns 0..len-1, K and V read once. */
 static void head_attend(int64_t len, int64_t group, int64_t dim, const float *restrict Q, const float *restrict K,
                         const float *restrict V, float scale, float *restrict scores, float *restrict O) {
-    for (int64_t j = 0; j < len; j++) {
+    int64_t j = 0;
+#ifdef DOT16
+    if (dim % 16 == 0)
+        for (; j + 16 <= len; j += 16) {
+            for (int64_t g = 0; g < group; g++) {
+                const v16 s = dot16(Q + g * dim, K + j * dim, dim) * scale;
+                memcpy(scores + g * len + j, &s, sizeof s);
+            }
+        }
+#endif
+    for (; j < len; j++) {
         const float *restrict kj = K + j * dim;
         for (int64_t g = 0; g < group; g++) {
             const float *restrict qg = Q + g * dim;
@@ -65,6 +119,13 @@ static void head_attend(int64_t len, int64_t group, int64_t dim, const float *re
 #pragma omp simd
         for (int64_t j = 0; j < len; j++) s[j] *= inv;
     }
+#ifdef DOT16
+    if (dim == 64 || dim == 128) {
+        for (int64_t g = 0; g < group; g++)
+            (dim == 64 ? pv_4 : pv_8)(len, scores + g * len, V, O + g * dim);
+        return;
+    }
+#endif
     for (int64_t g = 0; g < group; g++) {
         const float *restrict s = scores + g * len;
         float acc[ACC_DIM];
@@ -105,7 +166,7 @@ int epd_slot_attention_f32(int64_t n, int64_t heads, int64_t kv_heads, int64_t d
 FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
 LIBS = ("-lmvec", "-lm")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
-_ARGTYPES = [_I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR]
+_ARGTYPES: list[Any] = [_I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR]
 
 
 def _cache_dir() -> Path:
