@@ -12,9 +12,12 @@ tokens per CPU-second, and 16 streams' tokens/s over one stream's (the #18 goal:
 
 Settings: ``torch`` (attention as torch's grouped matmuls, slot_attention.py), ``native`` (the
 C loop, native_attention.py), ``native+pool`` (the C loop, and steps of ``--pool-rows``+ rows on
-the worker's whole pool of ``--threads`` threads; 1-row steps stay on one thread).
+the worker's whole pool of ``--threads`` threads; 1-row steps stay on one thread). Compare
+``native+pool`` with ``native`` in a process of its own (``--threads 2 --settings native
+native+pool``): a pool's threads spin or sleep between parallel regions (OMP_WAIT_POLICY), which
+would spill into the one-thread settings' turns.
 
-    .venv/bin/python benchmarks/ab_decode_step.py [--blocks 40] [--block 8] [--threads 2]
+    .venv/bin/python benchmarks/ab_decode_step.py [--blocks 40] [--block 8] [--threads 1]
 Writes benchmarks/results/decode_ab.json.
 """
 
@@ -69,9 +72,10 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=40, help="turns per setting and batch size")
     ap.add_argument("--block", type=int, default=8, help="steps per turn")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per stream before an engine starts over")
-    ap.add_argument("--threads", type=int, default=2, help="the pool of the '+pool' setting")
+    ap.add_argument("--threads", type=int, default=1, help="torch's pool (what the '+pool' setting uses)")
     ap.add_argument("--pool-rows", type=int, default=16, help="'+pool': steps of this many rows use the pool")
-    ap.add_argument("--settings", nargs="+", default=["torch", "native", "native+pool"])
+    ap.add_argument("--settings", nargs="+", default=["torch", "native"],
+                    choices=["torch", "native", "native+pool"])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_ab.json"))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

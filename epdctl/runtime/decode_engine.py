@@ -153,7 +153,7 @@ class DecodeEngine:
     @torch.inference_mode()
     def _step_rows(self, n: int) -> list[int]:
         seqs = self._by_slot[:n]
-        cache = SlotCache(self.slots, n)
+        cache = SlotCache(self.slots, n, self.native)
         ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long)
         pos = (cache.cols + torch.tensor([s.rope_delta for s in seqs], dtype=torch.long)).view(1, n, 1).expand(3, n, 1)
         mask = {"full_attention": RowLengths(cache.cols + 1, self.native) if self.native is not None

@@ -6,7 +6,8 @@ i.e. MKL called on 2 query rows per KV head (M = 2): 54 us per stream per step o
 the batch's padded width. benchmarks/bench_slot_attention.py lists the torch layouts tried; none
 came near the read floor. This loop reads each row's keys and values once, only up to that row's
 own length (no mask, no padding), keeps the group's queries side by side, and writes the output
-in the layout the o_proj reads.
+in the layout the o_proj reads. A second function writes the step's new keys and values into
+the slots (kv_slots.SlotCache), one call per layer.
 
 How: the C source below is compiled with the host's ``cc`` (-O3 -march=native, vectorised exp
 via glibc's libmvec) into a per-user cache (``$XDG_CACHE_HOME/epdctl`` or ``~/.cache/epdctl``,
@@ -160,6 +161,18 @@ int epd_slot_attention_f32(int64_t n, int64_t heads, int64_t kv_heads, int64_t d
     free(scores);
     return 0;
 }
+
+/* A step's new keys and values (sk, sv: [n, kv_heads, dim] contiguous) into the slot tables, row i
+   at column cols[i] (one call per layer instead of torch's index arithmetic and index_copy_s). */
+void epd_slot_write_f32(int64_t n, int64_t kv_heads, int64_t dim, const float *sk, const float *sv, float *k,
+                        float *v, int64_t slot_stride, int64_t head_stride, const int64_t *cols) {
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t h = 0; h < kv_heads; h++) {
+            const int64_t at = i * slot_stride + h * head_stride + cols[i] * dim, from = (i * kv_heads + h) * dim;
+            memcpy(k + at, sk + from, sizeof(float) * (size_t)dim);
+            memcpy(v + at, sv + from, sizeof(float) * (size_t)dim);
+        }
+}
 """
 # Compiled and linked in two steps: linking a shared library with -ffast-math (gcc < 13) adds
 # crtfastmath.o, whose constructor would switch the whole process (torch too) to flush-to-zero.
@@ -167,6 +180,7 @@ FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC")
 LIBS = ("-lmvec", "-lm")
 _I64, _PTR = ctypes.c_int64, ctypes.c_void_p
 _ARGTYPES: list[Any] = [_I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _PTR, ctypes.c_float, _PTR]
+_WRITE_ARGTYPES: list[Any] = [_I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR]
 
 
 def _cache_dir() -> Path:
@@ -194,6 +208,8 @@ def _build() -> ctypes.CDLL:
     dll = ctypes.CDLL(str(lib))
     dll.epd_slot_attention_f32.argtypes = _ARGTYPES
     dll.epd_slot_attention_f32.restype = ctypes.c_int
+    dll.epd_slot_write_f32.argtypes = _WRITE_ARGTYPES
+    dll.epd_slot_write_f32.restype = None
     return dll
 
 
@@ -237,3 +253,16 @@ def attend(dll: ctypes.CDLL, query: torch.Tensor, key: torch.Tensor, value: torc
     if rc:
         raise MemoryError("native decode attention: out of memory for its scores")
     return out
+
+
+def write(dll: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_table: torch.Tensor, v_table: torch.Tensor,
+          cols: torch.Tensor) -> None:
+    """key/value [n, kv_heads, 1, dim] (one new token per row) into contiguous fp32 slot tables
+    [slots, kv_heads, capacity, dim], row i at column cols[i] (int64) of slot i."""
+    n, heads, _, dim = key.shape
+    if not (k_table.is_contiguous() and v_table.is_contiguous() and k_table.dtype == v_table.dtype == torch.float32):
+        raise ValueError("native KV write needs contiguous fp32 slot tables")
+    sk, sv = key.reshape(n, heads, dim).contiguous(), value.reshape(n, heads, dim).contiguous()
+    ss, hs, _, _ = k_table.stride()
+    dll.epd_slot_write_f32(n, heads, dim, sk.data_ptr(), sv.data_ptr(), k_table.data_ptr(), v_table.data_ptr(), ss, hs,
+                           cols.data_ptr())

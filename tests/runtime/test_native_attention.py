@@ -15,6 +15,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from epdctl.runtime import native_attention
 from epdctl.runtime.decode_engine import DecodeEngine
 from epdctl.runtime.encoder_engine import VisionEncoder
+from epdctl.runtime.kv_slots import KVSlots, SlotCache
 from epdctl.runtime.native_attention import RowLengths, attend, kernel
 from epdctl.runtime.prefill_engine import LanguagePrefill
 from epdctl.runtime.prompt import build_prompt
@@ -86,6 +87,28 @@ def test_refuses_views_it_cannot_walk():
     k = torch.randn(2, 2, 64, 8).transpose(2, 3)  # columns not contiguous
     with pytest.raises(ValueError, match="contiguous columns"):
         attend(dll, torch.randn(2, 4, 1, 8), k, k, torch.tensor([3, 4]), 1.0)
+
+
+def test_slot_write_equals_torch_write():
+    dll = kernel()
+    assert dll is not None
+    g = torch.Generator().manual_seed(7)
+    tables = []
+    for native in (None, dll):
+        slots = KVSlots(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32, slots=4, capacity=64)
+        for i, length in enumerate((5, 30, 1)):
+            slots.add(f"s{i}", [(torch.ones(1, 2, length, 16) * (i + 1),) * 2] * 2, room=8)
+        cache = SlotCache(slots, 3, native)
+        new_k = torch.randn(3, 1, 2, 16, generator=torch.Generator().manual_seed(1)).transpose(1, 2)
+        new_v = torch.randn(3, 2, 1, 16, generator=g) if native is None else tables[0][2]
+        for layer in range(2):
+            k, v = cache.update(new_k, new_v, layer)
+            assert k.shape == v.shape == (3, 2, 31, 16)
+        tables.append((slots.keys, slots.values, new_v))
+    for (want_k, want_v, _), (got_k, got_v, _) in zip(tables[:1], tables[1:]):
+        assert all(torch.equal(a, b) for a, b in zip(want_k + want_v, got_k + got_v))
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        native_attention.write(dll, new_k, new_v, slots.keys[0].transpose(2, 3), slots.values[0], cache.cols)
 
 
 def test_disabled_or_no_compiler_or_failed_build_falls_back(fresh, monkeypatch, caplog):
