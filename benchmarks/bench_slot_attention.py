@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 from epdctl.runtime.kv_slots import KVSlots, SlotCache  # noqa: E402
+from epdctl.runtime.native_attention import attend, kernel  # noqa: E402
 from epdctl.runtime.slot_attention import additive_mask, slot_attention  # noqa: E402
 
 LAYERS, KV_HEADS, HEADS, DIM, STREAMS = 6, 2, 4, 32, 16
@@ -107,6 +108,7 @@ def setup(width: int) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor, t
 def build(width: int, module: torch.nn.Module) -> tuple[list, dict[str, Callable]]:
     """The batch's per-layer (K, V) views and every variant as ``fn(k, v) -> output``."""
     views, query, mask, seen, cols, slots = setup(width)
+    dll = kernel()  # native_attention.py's C loop (what the decode engine runs where it builds)
     t_tables = [table.transpose(-1, -2).contiguous() for table in slots.keys]  # [slots, kv_heads, dim, capacity]
     k_t = {id(k): t[:STREAMS, :, :, :width] for (k, _), t in zip(views, t_tables)}  # by the layer's K view
     packed = {id(k): (k.contiguous(), v.contiguous()) for k, v in views}
@@ -121,6 +123,7 @@ def build(width: int, module: torch.nn.Module) -> tuple[list, dict[str, Callable
         "K @ q^T": lambda k, v: k_at_q(query, k, v, mask),
         "row by row": lambda k, v: row_by_row(query, k, v, cols),
         "sdpa": lambda k, v: sdpa_attention_forward(module, query, k, v, seen)[0],
+        **({"native C loop": lambda k, v: attend(dll, query, k, v, cols + 1, DIM ** -0.5)} if dll is not None else {}),
     }
 
 

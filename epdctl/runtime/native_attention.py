@@ -83,6 +83,7 @@ static v16 dot16(const float *restrict qg, const float *restrict K, int64_t dim)
         memcpy(O, acc, sizeof acc);                                                                         \
     }
 #ifdef DOT16
+PV_FIXED(2)
 PV_FIXED(4)
 PV_FIXED(8)
 #endif
@@ -121,9 +122,9 @@ static void head_attend(int64_t len, int64_t group, int64_t dim, const float *re
         for (int64_t j = 0; j < len; j++) s[j] *= inv;
     }
 #ifdef DOT16
-    if (dim == 64 || dim == 128) {
+    if (dim == 32 || dim == 64 || dim == 128) {
         for (int64_t g = 0; g < group; g++)
-            (dim == 64 ? pv_4 : pv_8)(len, scores + g * len, V, O + g * dim);
+            (dim == 32 ? pv_2 : dim == 64 ? pv_4 : pv_8)(len, scores + g * len, V, O + g * dim);
         return;
     }
 #endif
