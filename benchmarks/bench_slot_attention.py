@@ -11,7 +11,8 @@ K stored transposed ([slots, kv_heads, dim, capacity], so q @ K
 is a plain strided GEMM), the batch's K/V contiguous (what a table sized to the batch's width
 would give), bmm over [n * kv_heads] 3-d views (no copy), one fused baddbmm (scale on q, mask as the
 addend, expanded once per step), K @ q^T (the width as the GEMM's long side), each row alone
-at its own length (no padded columns read, one op chain per row), and transformers' SDPA.
+at its own length (no padded columns read, one op chain per row), transformers' SDPA, and
+native_attention.py's C loop (what the decode engine runs where the host can build it).
 
     .venv/bin/python benchmarks/bench_slot_attention.py [--widths 160 300 500 700] [--rounds 21]
 Writes benchmarks/results/slot_attention.json.
