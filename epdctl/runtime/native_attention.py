@@ -11,7 +11,8 @@ the slots (kv_slots.SlotCache), one call per layer.
 
 How: the C source below is compiled with the host's ``cc`` (-O3 -march=native, vectorised exp
 via glibc's libmvec) into a per-user cache (``$XDG_CACHE_HOME/epdctl`` or ``~/.cache/epdctl``,
-mode 0700, named by a hash of source and flags; written to a temporary name, then renamed, so
+mode 0700, named by a hash of source, flags and the CPU (-march=native code must not be loaded
+on another model of CPU sharing the home folder); written to a temporary name, then renamed, so
 concurrent workers never load half a file) and called through ctypes. No compiler, a failed
 build or ``EPDCTL_NATIVE_ATTENTION=0`` leaves ``kernel()`` None and the torch path in
 slot_attention.py runs instead (same tokens: the engine's tests compare both with each sequence
@@ -24,6 +25,7 @@ import ctypes
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -191,11 +193,21 @@ def _cache_dir() -> Path:
     return folder
 
 
+def cpu_id() -> str:
+    """The CPU's model and feature flags (what -march=native compiles for), as /proc/cpuinfo has them."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+    except OSError:
+        return platform.machine() + platform.processor()
+    keys = ("model name", "flags", "features", "cpu part", "cpu implementer")
+    return "\n".join(sorted({line.strip() for line in lines if line.split(":")[0].strip().lower() in keys}))
+
+
 def _build() -> ctypes.CDLL:
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
         raise OSError("no C compiler (cc) on PATH")
-    tag = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, *LIBS)).encode()).hexdigest()[:16]
+    tag = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, *LIBS, cpu_id())).encode()).hexdigest()[:16]
     lib = _cache_dir() / f"slot_attention-{tag}.so"
     if not lib.is_file():
         with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:

@@ -51,6 +51,16 @@ def test_builds_into_a_private_cache_once(fresh):
     assert kernel() is not None and list(folder.iterdir()) == built  # the second load reuses the file
 
 
+def test_another_cpu_builds_its_own(fresh, monkeypatch):
+    """A home folder shared by nodes of different CPUs never hands one node another's -march=native code."""
+    assert "flags" in native_attention.cpu_id() or "features" in native_attention.cpu_id().lower()
+    assert kernel() is not None
+    native_attention._state.clear()
+    monkeypatch.setattr(native_attention, "cpu_id", lambda: "model name: another CPU")
+    assert kernel() is not None
+    assert len(list((fresh / "epdctl").glob("slot_attention-*.so"))) == 2
+
+
 def test_loading_it_keeps_denormals(fresh):
     """Linked without crtfastmath: the process (torch) still computes subnormal numbers."""
     assert kernel() is not None
