@@ -11,7 +11,8 @@ K stored transposed ([slots, kv_heads, dim, capacity], so q @ K
 is a plain strided GEMM), the batch's K/V contiguous (what a table sized to the batch's width
 would give), bmm over [n * kv_heads] 3-d views (no copy), one fused baddbmm (scale on q, mask as the
 addend, expanded once per step), K @ q^T (the width as the GEMM's long side), each row alone
-at its own length (no padded columns read, one op chain per row), and transformers' SDPA.
+at its own length (no padded columns read, one op chain per row), transformers' SDPA, and
+native_attention.py's C loop (what the decode engine runs where the host can build it).
 
     .venv/bin/python benchmarks/bench_slot_attention.py [--widths 160 300 500 700] [--rounds 21]
 Writes benchmarks/results/slot_attention.json.
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 
 from epdctl.runtime.kv_slots import KVSlots, SlotCache  # noqa: E402
+from epdctl.runtime.native_attention import attend, kernel  # noqa: E402
 from epdctl.runtime.slot_attention import additive_mask, slot_attention  # noqa: E402
 
 LAYERS, KV_HEADS, HEADS, DIM, STREAMS = 6, 2, 4, 32, 16
@@ -107,6 +109,7 @@ def setup(width: int) -> tuple[list, torch.Tensor, torch.Tensor, torch.Tensor, t
 def build(width: int, module: torch.nn.Module) -> tuple[list, dict[str, Callable]]:
     """The batch's per-layer (K, V) views and every variant as ``fn(k, v) -> output``."""
     views, query, mask, seen, cols, slots = setup(width)
+    dll = kernel()  # native_attention.py's C loop (what the decode engine runs where it builds)
     t_tables = [table.transpose(-1, -2).contiguous() for table in slots.keys]  # [slots, kv_heads, dim, capacity]
     k_t = {id(k): t[:STREAMS, :, :, :width] for (k, _), t in zip(views, t_tables)}  # by the layer's K view
     packed = {id(k): (k.contiguous(), v.contiguous()) for k, v in views}
@@ -121,6 +124,7 @@ def build(width: int, module: torch.nn.Module) -> tuple[list, dict[str, Callable
         "K @ q^T": lambda k, v: k_at_q(query, k, v, mask),
         "row by row": lambda k, v: row_by_row(query, k, v, cols),
         "sdpa": lambda k, v: sdpa_attention_forward(module, query, k, v, seen)[0],
+        **({"native C loop": lambda k, v: attend(dll, query, k, v, cols + 1, DIM ** -0.5)} if dll is not None else {}),
     }
 
 

@@ -15,7 +15,8 @@ rounds alternating between the batch sizes so a change in the host's load hits a
   (separate passes, alternating 1 and 16 streams, each part's least of ``--rounds``: the timers
   add ~0.3 us per call, so the split is reported apart from the fit).
 * with ``--ops``, torch.profiler's per-op table at 1 and 16 streams (self CPU time and calls per
-  step) and what each op adds per stream: which ops grow with the batch.
+  step) and what each op adds per stream: which ops grow with the batch. The native attention
+  and KV write (native_attention.py) are no torch ops: the split's attention row times them.
 * the floor of ``b`` on this core: the per-stream FLOPs of the GEMMs at the GEMM rate measured
   at 16 rows, and the bytes of KV attention reads per stream at the rate of a plain read.
 

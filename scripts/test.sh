@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for pkg in openssh-server slurmctld slurmd slurm-client munge iproute2 libibverbs1 prometheus; do
+for pkg in openssh-server slurmctld slurmd slurm-client munge iproute2 libibverbs1 prometheus gcc libc6-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

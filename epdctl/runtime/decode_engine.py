@@ -7,8 +7,9 @@ hides each row's unused columns, and each row gets its own M-RoPE position (its 
 rope_delta), so a sequence's tokens do not depend on who it is batched with. A new sequence
 joins the running batch at the next step. Every row is sampled in one batched call (greedy
 or temperature/top-p, seeded or not) with one device-to-host copy per step. A step runs on one
-intra-op thread unless its GEMMs are big enough to pay for the pool (decode_threads.py), and
-steps of packed_gemm.MIN_ROWS+ rows run the MLPs and lm_head through oneDNN (packed_gemm.py).
+intra-op thread unless its GEMMs are big enough to pay for the pool (decode_threads.py),
+steps of packed_gemm.MIN_ROWS+ rows run the MLPs and lm_head through oneDNN (packed_gemm.py),
+and attention runs as one C loop per layer where the host can build it (native_attention.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .decode_threads import StepThreads, macs_per_row
 from .errors import RuntimeWorkerError
 from .kv_slots import KVSlots, SlotCache
 from .model import ModelBundle
+from .native_attention import RowLengths, kernel
 from .packed_gemm import MIN_ROWS, packed_for
 from .prefill_engine import PrefillResult
 from .sampling import SamplingParams, sample_batch
@@ -63,6 +65,7 @@ class DecodeEngine:
         self._by_slot: list[_Seq] = []
         self.packed = packed_for(self.lm, self.lm_head)  # oneDNN GEMMs for steps of MIN_ROWS+ rows
         self.threads = StepThreads(macs_per_row(self.lm, self.lm_head))  # the pool only for big steps
+        self.native = kernel() if bundle.dtype == torch.float32 else None  # C attention, else torch's
         self.steps = 0
         self.forward_passes = 0
 
@@ -150,10 +153,11 @@ class DecodeEngine:
     @torch.inference_mode()
     def _step_rows(self, n: int) -> list[int]:
         seqs = self._by_slot[:n]
-        cache = SlotCache(self.slots, n)
+        cache = SlotCache(self.slots, n, self.native)
         ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long)
         pos = (cache.cols + torch.tensor([s.rope_delta for s in seqs], dtype=torch.long)).view(1, n, 1).expand(3, n, 1)
-        mask = {"full_attention": additive_mask(cache.cols, cache.width, self.bundle.dtype)}
+        mask = {"full_attention": RowLengths(cache.cols + 1, self.native) if self.native is not None
+                else additive_mask(cache.cols, cache.width, self.bundle.dtype)}
         packed = self.packed if self.packed is not None and n >= MIN_ROWS else None
         with use_for(self.lm.config), packed.installed() if packed else contextlib.nullcontext():
             out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,

@@ -13,7 +13,11 @@ attention reads under a mask that hides every column past a row's length (slot_a
 
 from __future__ import annotations
 
+import ctypes
+
 import torch
+
+from .native_attention import write
 
 _COL = 64  # capacity grows in whole multiples of this many tokens
 
@@ -88,12 +92,15 @@ class SlotCache:
 
     is_compileable = False
 
-    def __init__(self, slots: KVSlots, n: int):
-        """The batch of slots 0..n-1."""
+    def __init__(self, slots: KVSlots, n: int, native: ctypes.CDLL | None = None):
+        """The batch of slots 0..n-1; ``native``: native_attention's library writes the new K/V."""
         self.slots = slots
         self.n = n
+        self.native = native
         self.cols = torch.tensor(slots.lengths[:n], dtype=torch.long)
         self.width = max(slots.lengths[:n]) + 1
+        if native is not None:
+            return
         _, heads, capacity, dim = slots.keys[0].shape
         # row i, head h writes table row (i * heads + h) * capacity + cols[i] of the [-1, dim] view:
         # one index_copy_ per table and layer (2.4-2.9 us against 4.4-4.9 for k[rows, :, cols] = ...)
@@ -105,6 +112,9 @@ class SlotCache:
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's new K/V ([n, heads, 1, dim]) at its length; the batch's view back."""
         k, v = self.slots.keys[layer_idx], self.slots.values[layer_idx]
+        if self.native is not None:
+            write(self.native, key_states, value_states, k, v, self.cols)
+            return k[:self.n, :, :self.width], v[:self.n, :, :self.width]
         k.view(-1, self.dim).index_copy_(0, self.flat, key_states.reshape(-1, self.dim))
         v.view(-1, self.dim).index_copy_(0, self.flat, value_states.reshape(-1, self.dim))
         return k[:self.n, :, :self.width], v[:self.n, :, :self.width]

@@ -7,6 +7,8 @@ so K and V are read once per group, never repeated) with one additive mask built
 Measured against transformers' SDPA path (torch's masked CPU flash kernel) on the decode's
 shapes: 87 -> 71 us per layer for 16 rows on one thread, 838 -> 181 us with two OpenMP threads
 on busy cores, equal for one row. Prompts (more than one query token) still go to SDPA.
+When the engine passes ``RowLengths`` instead of a mask, the step runs native_attention.py's C
+loop instead (each row read to its own length only; 2-2.5x faster on the decode's shapes).
 
 The decode engine selects it for its own forward only (``use_for``), registering it with
 transformers' ``AttentionInterface`` under ``NAME``.
@@ -21,15 +23,21 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from .native_attention import RowLengths, attend
+
 NAME = "epd_slots"
 
 
 def slot_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                   attention_mask: torch.Tensor | RowLengths | None, scaling: float | None = None, dropout: float = 0.0,
                    **kwargs: Any) -> tuple[torch.Tensor, None]:
     """query [n, heads, 1, dim]; key/value [n, kv_heads, width, dim]; attention_mask additive
-    [n, 1, 1, width] (or None). Returns [n, 1, heads, dim] like transformers' SDPA wrapper."""
+    [n, 1, 1, width] (or None), or RowLengths (fp32, one token per row). Returns [n, 1, heads, dim]
+    like transformers' SDPA wrapper."""
     n, heads, q_len, dim = query.shape
+    if isinstance(attention_mask, RowLengths):
+        return attend(attention_mask.dll, query, key, value, attention_mask.valid,
+                      dim ** -0.5 if scaling is None else scaling), None
     if q_len != 1 or (attention_mask is not None and attention_mask.dtype == torch.bool):
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                       **kwargs)

@@ -1,0 +1,43 @@
+"""benchmarks/ab_decode_step.py: each setting it times is the engine it names (torch's attention
+or the C loop; one thread or the pool from --pool-rows rows), and an engine runs exactly the
+steps the bench gives it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import ab_decode_step as ab  # noqa: E402
+
+from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
+from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402
+from epdctl.runtime.prompt import build_prompt  # noqa: E402
+from epdctl.runtime.sampling import SamplingParams  # noqa: E402
+from tiny_model import image_messages  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(bundle, images):
+    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
+    out = []
+    for i in range(2):
+        encoded = enc.encode(images[i:i + 1 + i])
+        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
+        out.append(pre.prefill(prompt, encoded, SamplingParams(max_tokens=4)))
+    return out
+
+
+@pytest.mark.parametrize("setting", ["torch", "native", "native+pool"])
+def test_setting_is_the_engine_it_names(bundle, results, setting):
+    eng = ab.engine(bundle, results, 2, 6, setting, pool_rows=2)
+    assert (eng.native is None) == (setting == "torch")
+    assert [eng.threads.wanted(n, 2) for n in (1, 2)] == ([1, 2] if setting == "native+pool" else [1, 1])
+    assert eng.num_running == 2 and eng.forward_passes == 1  # past the join step
+    for _ in range(6):
+        assert len(eng.step()) == 2
+    assert eng.num_running == 0  # the bench's turns never run an engine dry mid-turn
