@@ -190,6 +190,10 @@ def _cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     folder = Path(base) / "epdctl"
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = folder.stat()  # a library loaded from here runs in this process: only we may write it
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise OSError(f"{folder} is not private (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}); "
+                      "chmod 700 it or set XDG_CACHE_HOME")
     return folder
 
 

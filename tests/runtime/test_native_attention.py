@@ -61,6 +61,20 @@ def test_another_cpu_builds_its_own(fresh, monkeypatch):
     assert len(list((fresh / "epdctl").glob("slot_attention-*.so"))) == 2
 
 
+def test_a_cache_others_may_write_is_never_loaded_from(fresh, caplog):
+    """A library loaded from the cache runs in the worker: a group/world-writable folder is refused."""
+    folder = fresh / "epdctl"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    with caplog.at_level(logging.INFO, logger=native_attention.__name__):
+        assert kernel() is None
+    assert "is not private" in caplog.text and "chmod 700" in caplog.text
+    assert not list(folder.iterdir())
+    native_attention._state.clear()
+    folder.chmod(0o700)
+    assert kernel() is not None
+
+
 def test_loading_it_keeps_denormals(fresh):
     """Linked without crtfastmath: the process (torch) still computes subnormal numbers."""
     assert kernel() is not None
