@@ -61,8 +61,7 @@ def engine(bundle: Any, results: list, n: int, steps: int, setting: str, pool_ro
     params = SamplingParams(max_tokens=steps + 2, ignore_eos=True)
     for i in range(n):
         eng.add(f"s{i}", results[i], params)
-    eng.step()
-    eng.step()
+    eng.step()  # the join step: the prefill's tokens and the first batched forward
     return eng
 
 
