@@ -26,7 +26,7 @@ from ..errors import TransferError
 from .base import verify
 from .leases import Lease
 from .parts import part_header, span, split
-from .progress import CTRL_BYTES, MAX_PARTS, POLL_IDLE_S, Control, ack_spin_s, fits, pause, token_of
+from .progress import ACK_SPIN_S, CTRL_BYTES, MAX_PARTS, POLL_IDLE_S, Control, ack_spin_s, fits, pause, token_of
 
 if TYPE_CHECKING:
     from .zmq import ZmqTransport, _Outgoing
@@ -43,6 +43,9 @@ async def send(t: "ZmqTransport", peer: str, msg: "_Outgoing") -> list[int] | No
     on this host (or the message does not suit the path): the caller then uses the socket."""
     size = t.part_bytes if msg.total >= t.pipeline_min_bytes else t.large_part_bytes
     cuts = split(msg.header["tensors"], msg.offsets, msg.total, max(size, -(-msg.total // MAX_PARTS)))
+    if cuts[-1][1] - cuts[-1][0] > 1:  # the last tensor a part of its own: the receiver's check trails by less
+        first, last = cuts.pop()
+        cuts += [(first, last - 1), (last - 1, last)]
     if not fits(len(msg.header["tensors"]), len(cuts)):
         return None
     spare = t._spares.pop(peer, None)
@@ -111,14 +114,19 @@ async def _hand_over(t: "ZmqTransport", endpoint: str, msg: "_Outgoing", cuts: l
             sums, written = await t._write_part(msg.write, whole, first, last, end - start)
             msg.lengths.extend(written)
             ctrl.publish(i, part_header(first, sums, written))
-        if rung:
-            t._bell.ring(bell, b"D" + xid)
-            if ctrl.reply() is None:
-                try:
-                    await asyncio.wait_for(acked, ack_spin_s(msg.total) * 4)
-                except asyncio.TimeoutError:
-                    pass
-        reply = ctrl.reply() if rung else await ctrl.wait_reply(ack_spin_s(msg.total))
+        # the receiver trails by about one part: poll for its answer a little, then sleep until it rings
+        reply = await ctrl.wait_reply(ACK_SPIN_S if rung else ack_spin_s(msg.total))
+        if reply is None and rung:
+            t._bell.ring(bell, b"D" + xid)  # (restarts the receiver's poll if it had stopped)
+            timer = asyncio.get_running_loop().call_later(ack_spin_s(msg.total) * 4, acked.cancel)
+            try:
+                await acked
+            except asyncio.CancelledError:
+                if not acked.cancelled():  # the caller was cancelled, not the wait
+                    raise
+            finally:
+                timer.cancel()
+            reply = ctrl.reply()
     finally:
         t._acks.pop(xid.decode(), None)
     if reply is None:  # the receiver is not polling (asleep, slow or gone): ask on the socket
@@ -180,12 +188,12 @@ async def done(t: "ZmqTransport", xid: str, nparts: int) -> list[bytes]:
 async def _poll(t: "ZmqTransport", xid: str, lease: Lease) -> None:
     """Check parts as the sender publishes them; answer once all are in. Stops after
     ``POLL_IDLE_S`` without a new part (DONE or SHMDONE finishes), so an idle receiver never spins."""
-    if lease.spare is None:  # lend the next spare now, while the sender writes
-        lease.spare = t._leases.lend(None, lease.seg.size)
     idle = time.monotonic()
     while lease.checked < lease.nparts:
         if await _check(lease):
             idle = time.monotonic()
+        elif lease.spare is None:  # waiting for the sender: lend the next spare now, off the critical path
+            lease.spare = t._leases.lend(None, lease.seg.size)
         elif time.monotonic() - idle > POLL_IDLE_S or xid not in t._leases.open:
             return
         else:
