@@ -114,5 +114,7 @@ class Leases:
 
     def close(self) -> None:
         for lease in self.open.values():
+            if lease.poller is not None:
+                lease.poller.cancel()
             lease.seg.release()
         self.open.clear()

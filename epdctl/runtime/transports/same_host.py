@@ -167,7 +167,7 @@ def go(t: "ZmqTransport", xid: str, key: str, header: bytes | memoryview, nparts
         lease.nparts = 0
     lease.reply_to = reply_to
     lease.poller = asyncio.ensure_future(_poll(t, xid, lease))
-    asyncio.get_running_loop().call_later(t.timeout + 0.05, t._purge)  # a sender that stops: fail the message
+    t._purge_later()  # a sender that stops half-way: its message fails when the lease expires
 
 
 async def done(t: "ZmqTransport", xid: str, nparts: int) -> list[bytes]:

@@ -69,6 +69,7 @@ class ZmqTransport(Endpoint):
         self._spares: dict[str, same_host.Spare] = {}  # peer -> segment it lent for the next message
         self._bell = Doorbell(lambda data: same_host.ring(self, data))
         self._acks: dict[str, asyncio.Future[None]] = {}  # lease id -> rung when its answer is in
+        self._purge_timer: asyncio.TimerHandle | None = None
         self.part_bytes, self.direct_bytes = PART_BYTES, DIRECT_BYTES
         self.pipeline_bytes, self.large_part_bytes = PIPELINE_BYTES, LARGE_PART_BYTES
         self.pipeline_min_bytes = PIPELINE_MIN_BYTES
@@ -197,6 +198,16 @@ class ZmqTransport(Endpoint):
             self._deliver(key, error)
         self._streams.purge()
 
+    def _purge_later(self) -> None:
+        """Purge once the timeout has passed (no message may come to trigger it), while leases are open."""
+        def tick() -> None:
+            self._purge_timer = None
+            self._purge()
+            if self._leases.open:
+                self._purge_later()
+        if self._purge_timer is None:
+            self._purge_timer = asyncio.get_running_loop().call_later(self.timeout + 0.05, tick)
+
     async def _add(self, incoming: Incoming, descs: Frame, bufs: list[memoryview]) -> None:
         """Check parts (``descs``: their JSON headers) in ``bufs`` (one each); in a thread when they
         are large. Never raises: ``finish`` reports."""
@@ -228,6 +239,8 @@ class ZmqTransport(Endpoint):
         return [b"OK"]
 
     async def close(self) -> None:
+        if self._purge_timer is not None:
+            self._purge_timer.cancel()
         await super().close()
         self._bell.close()
         self._maps.close()
