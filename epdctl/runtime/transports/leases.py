@@ -34,6 +34,7 @@ class Lease:
     nparts: int = 0
     checked: int = 0                     # parts checked so far
     poller: asyncio.Future | None = None  # the receiver's poll of ``ctrl`` while the sender writes
+    wake: asyncio.Future | None = None    # set by the sender's next ring while the poll sleeps
     reply_to: str = ""                    # the sender's doorbell, rung with the answer
     spare: list[bytes] | None = None      # the spare lent with the answer (lent early, off the critical path)
 

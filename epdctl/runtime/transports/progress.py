@@ -34,7 +34,8 @@ _SLOTS = 16                 # first word of the part table
 _TEXT = (_SLOTS + 2 * MAX_PARTS) * 8
 _ANSWER = 4 << 10           # the answer's area (last bytes of the block)
 POLL_IDLE_S = 0.002         # the receiver stops polling after this long without a new part
-ACK_SPIN_S = 0.0005         # a sender that rang polls this long for the answer before it sleeps
+POLL_SPIN_S = 0.0001        # between parts the receiver polls this long, then sleeps until the next ring
+ACK_SPIN_S = 0.0002         # a sender that rang polls this long for the answer before it sleeps
 
 
 def token_of(xid: str) -> int:

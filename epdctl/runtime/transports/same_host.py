@@ -26,7 +26,8 @@ from ..errors import TransferError
 from .base import verify
 from .leases import Lease
 from .parts import part_header, span, split
-from .progress import ACK_SPIN_S, CTRL_BYTES, MAX_PARTS, POLL_IDLE_S, Control, ack_spin_s, fits, pause, token_of
+from .progress import (ACK_SPIN_S, CTRL_BYTES, MAX_PARTS, POLL_IDLE_S, POLL_SPIN_S, Control, ack_spin_s, fits,
+                       pause, token_of)
 
 if TYPE_CHECKING:
     from .zmq import ZmqTransport, _Outgoing
@@ -114,6 +115,8 @@ async def _hand_over(t: "ZmqTransport", endpoint: str, msg: "_Outgoing", cuts: l
             sums, written = await t._write_part(msg.write, whole, first, last, end - start)
             msg.lengths.extend(written)
             ctrl.publish(i, part_header(first, sums, written))
+            if rung and i < len(cuts) - 1:
+                t._bell.ring(bell, b"P" + xid)  # wakes a receiver that sleeps between parts (a cheap read if it polls)
         # the receiver trails by about one part: poll for its answer a little, then sleep until it rings
         reply = await ctrl.wait_reply(ACK_SPIN_S if rung else ack_spin_s(msg.total))
         if reply is None and rung:
@@ -138,7 +141,8 @@ async def _hand_over(t: "ZmqTransport", endpoint: str, msg: "_Outgoing", cuts: l
 
 
 def ring(t: "ZmqTransport", data: bytes) -> None:
-    """A doorbell ring: G (a sender starts writing), D (it wrote every part), A (our answer is in)."""
+    """A doorbell ring: G (a sender starts writing), P (it published a part), D (it wrote every
+    part), A (our answer is in)."""
     kind, body = data[:1], data[1:]
     if kind == b"A":
         acked = t._acks.get(body.decode(errors="replace"))
@@ -148,6 +152,10 @@ def ring(t: "ZmqTransport", data: bytes) -> None:
         head, _, header = body.partition(b"\0")
         xid, key, nparts, reply_to = json.loads(head)
         go(t, str(xid), str(key), header, nparts, str(reply_to))
+    elif kind == b"P":
+        lease = t._leases.open.get(body.decode(errors="replace"))
+        if lease is not None and lease.wake is not None and not lease.wake.done():
+            lease.wake.set_result(None)
     elif kind == b"D":
         lease = t._leases.open.get(body.decode(errors="replace"))
         if lease is not None and lease.poller is not None and lease.poller.done():  # it stopped polling
@@ -186,18 +194,37 @@ async def done(t: "ZmqTransport", xid: str, nparts: int) -> list[bytes]:
 
 
 async def _poll(t: "ZmqTransport", xid: str, lease: Lease) -> None:
-    """Check parts as the sender publishes them; answer once all are in. Stops after
-    ``POLL_IDLE_S`` without a new part (DONE or SHMDONE finishes), so an idle receiver never spins."""
+    """Check parts as the sender publishes them; answer once all are in. Between parts it polls for
+    ``POLL_SPIN_S``, then sleeps until the sender's next ring (a shared core goes to the sender);
+    it stops after ``POLL_IDLE_S`` without a new part (DONE or SHMDONE then finishes), so an idle
+    receiver never spins."""
+    loop = asyncio.get_running_loop()
     idle = time.monotonic()
     while lease.checked < lease.nparts:
         if await _check(lease):
             idle = time.monotonic()
-        elif lease.spare is None:  # waiting for the sender: lend the next spare now, off the critical path
+            continue
+        if lease.spare is None:  # waiting for the sender: lend the next spare now, off the critical path
             lease.spare = t._leases.lend(None, lease.seg.size)
-        elif time.monotonic() - idle > POLL_IDLE_S or xid not in t._leases.open:
+            continue
+        waited = time.monotonic() - idle
+        if waited > POLL_IDLE_S or xid not in t._leases.open:
             return
-        else:
+        if waited < POLL_SPIN_S:
             await pause()
+            continue
+        lease.wake = wake = loop.create_future()
+        if lease.ctrl.progress() > lease.checked:  # published while the ring was being set up
+            continue
+        timer = loop.call_later(POLL_IDLE_S - waited, wake.cancel)
+        try:
+            await wake
+        except asyncio.CancelledError:
+            if not wake.cancelled():
+                raise
+        finally:
+            timer.cancel()
+            lease.wake = None
     if xid in t._leases.open:
         _close(t, xid, lease)
 

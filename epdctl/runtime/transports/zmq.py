@@ -7,14 +7,15 @@ BLOB, answered), sent as soon as it is written: the sender copies and hashes par
 k is on the wire and the receiver checks it, each part still in cache when the next stage reads
 it (``streams.py`` keeps the receiver's book); a message under 8 MiB or over 32 MiB goes as one
 BLOB of <= 16 MiB frames, and one under 8 MiB is one part in shared memory too. A tensor of 4
-MiB or more is a zero-copy part of its own memory (hashed, not copied); runs of smaller ones are copied and hashed in one pass into
-slices of a reused send buffer. A message of 256 KiB or more to a peer on this host goes through
-a segment of /dev/shm the receiver lends instead, in the same parts, announced once and answered
-through the segment's control block (``same_host.py``, ``progress.py``); each answer lends a
-spare segment, so the next hand-off needs no lease round trip. Whether a peer shares the host is
-found out by the first lease and remembered. Receivers hand out views into the received buffers; a message is answered
-only after every part checked out, so ``send()`` returning means delivered, and damage fails
-both ends."""
+MiB or more is a zero-copy part of its own memory (hashed, not copied); runs of smaller ones are
+copied and hashed in one pass into slices of a reused send buffer. A message of 256 KiB or more
+to a peer on this host goes through a segment of /dev/shm the receiver lends instead, in the
+same parts, announced by a doorbell and answered through the segment's control block
+(``same_host.py``, ``progress.py``, ``doorbell.py``); each answer lends a spare segment, so the
+next hand-off needs no lease round trip. Whether a peer shares the host is found out by the
+first lease and remembered. Receivers hand out views into the received buffers; a message is
+answered only after every part checked out, so ``send()`` returning means delivered, and damage
+fails both ends."""
 
 from __future__ import annotations
 
