@@ -188,3 +188,22 @@ def test_a_sender_killed_half_way_fails_the_receivers_recv():
         finally:
             await b.close()
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("bells", [True, False])
+def test_where_stores_may_be_reordered_only_rung_parts_are_read(monkeypatch, bells):
+    """As on ARM: no poll of the block; parts are read as the rings (or SHMDONE) announce them."""
+    monkeypatch.setattr(same_host, "ORDERED", False)
+    tensors = kv_like()
+
+    async def fn(a, b):
+        small_parts(a)
+        if not bells:
+            a._bell.close()
+        kinds = socket_kinds(b)
+        for i in range(2):
+            await a.send(b.address, f"w{i}", {}, tensors)
+            assert_same(tensors, (await b.recv(f"w{i}", 5))[1])
+        assert kinds.count(b"SHMDONE") == (0 if bells else 2) and a.stats["failures"] == 0
+
+    with_pair("zmq", fn)

@@ -33,6 +33,7 @@ class Lease:
     ctrl: Control
     nparts: int = 0
     checked: int = 0                     # parts checked so far
+    rung: int = 0                        # parts the sender's rings announced
     poller: asyncio.Future | None = None  # the receiver's poll of ``ctrl`` while the sender writes
     wake: asyncio.Future | None = None    # set by the sender's next ring while the poll sleeps
     reply_to: str = ""                    # the sender's doorbell, rung with the answer

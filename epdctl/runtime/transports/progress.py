@@ -1,20 +1,20 @@
-"""The control block at the end of a lent shared-memory segment: the same-host path's notifications
-without the socket.
+"""The control block at the end of a lent shared-memory segment: the same-host path's part
+descriptions, progress and answer, shared instead of sent.
 
 A hand-off through shared memory used to send one ZMQ message per part (SHMPART) and wait for a
 ZMQ answer: each message woke three threads in two processes (the sender's I/O thread, the
-receiver's I/O thread and its event loop), ~0.3-1 ms apiece on a shared 2-core host, and at
-16 MiB those wake-ups cost more than the copy. Now the sender announces a message once (SHMGO on
-the socket), then publishes each part's description here and bumps ``progress``; the receiver,
-woken once, polls ``progress`` and checks part i while part i+1 is written, then writes its answer
-here and sets ``ack``, which the sender polls. Both polls are bounded (``POLL_IDLE_S`` without
-progress, ``ack_spin_s``) and yield the CPU between looks; past the bound the sender asks on the
-socket (SHMDONE) and the receiver answers there, so a slow or descheduled peer costs time, never
-correctness. Every byte of the message is still checked against the sender's checksum (a torn or
-stale read is a checksum or length error, never a wrong tensor), and the ``token`` (from the
-lease's id) tells a sender whether the segment is still lent to it.
+receiver's I/O thread and its event loop), and at 16 MiB those wake-ups cost more than the copy.
+Now the sender publishes each part's description (its checksum and lengths) here and bumps
+``progress``; the receiver checks part i while part i+1 is written, then writes its answer here
+and sets ``ack``. Who wakes whom is ``doorbell.py``'s and ``same_host.py``'s business; the polls
+that read this block are short and bounded (``POLL_SPIN_S``, ``ACK_SPIN_S``) and yield the CPU
+between looks. On CPUs that may reorder stores (not x86: ``ORDERED``) neither side polls: a part
+is read only once the sender's ring (or SHMDONE) announced it, the answer once the ACK ring came.
+Every byte is still checked against the sender's checksum (a torn or stale read is a checksum or
+length error, never a wrong tensor), and the ``token`` (from the lease's id) tells a sender
+whether the segment is still lent to it.
 
-Layout (little-endian int64 words, then text): words 0-15 the header (token, progress, ack), then
+Layout (native int64 words, then text): words 0-15 the header (token, progress, ack), then
 (offset, length) of each part's JSON description in the text area, and the answer at the end.
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import platform
 import time
 
 import numpy as np
@@ -35,6 +36,9 @@ _TEXT = (_SLOTS + 2 * MAX_PARTS) * 8
 _ANSWER = 4 << 10           # the answer's area (last bytes of the block)
 POLL_IDLE_S = 0.002         # the receiver stops polling after this long without a new part
 POLL_SPIN_S = 0.0001        # between parts the receiver polls this long, then sleeps until the next ring
+# x86 keeps stores in order (TSO): a reader that sees ``progress`` sees the part before it. Elsewhere
+# (ARM) only what a doorbell ring announced is read: the datagram's syscalls order memory.
+ORDERED = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 ACK_SPIN_S = 0.0002         # a sender that rang polls this long for the answer before it sleeps
 
 

@@ -5,12 +5,13 @@ Sender: take the spare segment the receiver lent with its last answer (else leas
 socket), ring GO at the receiver's doorbell (``doorbell.py``: the key, header, number of parts
 and the sender's own doorbell; SHMGO on the socket when it cannot ring), write the message part
 by part (copy and hash in one pass, ``parts.py``), publishing each part in the control block
-(``progress.py``), ring DONE, and wait for the ACK ring; the answer is read from the block.
-Receiver: on GO, poll the block, checking part i while part i+1 is written, then deliver the
-message (or its damage), write the answer with the next spare (lent while the sender wrote) and
-ring ACK. A hand-off that found a spare puts no message on the ZMQ socket at all. Every wait is
-bounded: a poll stops after ``POLL_IDLE_S`` without a new part (DONE restarts it), and a sender
-that gets no answer in time asks on the socket (SHMDONE), which the receiver answers there.
+(``progress.py``) and ringing P, then poll the block briefly for the answer and sleep until the
+ACK ring (DONE first, in case the receiver stopped polling). Receiver: on GO, check part i while
+part i+1 is written (polling briefly, then sleeping until the next P), deliver the message (or
+its damage), write the answer with the next spare (lent while it waited) and ring ACK. A
+hand-off that found a spare puts no message on the ZMQ socket. Every wait is bounded: a poll
+stops after ``POLL_IDLE_S`` without a new part (DONE restarts it), and a sender that gets no
+answer in time asks on the socket (SHMDONE), which the receiver answers there.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..errors import TransferError
 from .base import verify
 from .leases import Lease
 from .parts import part_header, span, split
-from .progress import (ACK_SPIN_S, CTRL_BYTES, MAX_PARTS, POLL_IDLE_S, POLL_SPIN_S, Control, ack_spin_s, fits,
+from .progress import (ACK_SPIN_S, CTRL_BYTES, MAX_PARTS, ORDERED, POLL_IDLE_S, POLL_SPIN_S, Control, ack_spin_s, fits,
                        pause, token_of)
 
 if TYPE_CHECKING:
@@ -115,12 +116,12 @@ async def _hand_over(t: "ZmqTransport", endpoint: str, msg: "_Outgoing", cuts: l
             sums, written = await t._write_part(msg.write, whole, first, last, end - start)
             msg.lengths.extend(written)
             ctrl.publish(i, part_header(first, sums, written))
-            if rung and i < len(cuts) - 1:
-                t._bell.ring(bell, b"P" + xid)  # wakes a receiver that sleeps between parts (a cheap read if it polls)
+            if rung:  # wakes a receiver that sleeps between parts (a cheap read if it polls)
+                t._bell.ring(bell, b"P%s %d" % (xid, i + 1))
         # the receiver trails by about one part: poll for its answer a little, then sleep until it rings
-        reply = await ctrl.wait_reply(ACK_SPIN_S if rung else ack_spin_s(msg.total))
+        reply = await ctrl.wait_reply(ACK_SPIN_S if rung else ack_spin_s(msg.total)) if ORDERED else None
         if reply is None and rung:
-            t._bell.ring(bell, b"D" + xid)  # (restarts the receiver's poll if it had stopped)
+            t._bell.ring(bell, b"D%s %d" % (xid, len(cuts)))  # (restarts the receiver's poll if it had stopped)
             timer = asyncio.get_running_loop().call_later(ack_spin_s(msg.total) * 4, acked.cancel)
             try:
                 await acked
@@ -152,14 +153,16 @@ def ring(t: "ZmqTransport", data: bytes) -> None:
         head, _, header = body.partition(b"\0")
         xid, key, nparts, reply_to = json.loads(head)
         go(t, str(xid), str(key), header, nparts, str(reply_to))
-    elif kind == b"P":
-        lease = t._leases.open.get(body.decode(errors="replace"))
-        if lease is not None and lease.wake is not None and not lease.wake.done():
+    elif kind in (b"P", b"D"):  # [xid, parts published so far]
+        xid, _, count = body.decode(errors="replace").partition(" ")
+        lease = t._leases.open.get(xid)
+        if lease is None or not count.isdigit():
+            return
+        lease.rung = max(lease.rung, int(count))
+        if kind == b"P" and lease.wake is not None and not lease.wake.done():
             lease.wake.set_result(None)
-    elif kind == b"D":
-        lease = t._leases.open.get(body.decode(errors="replace"))
-        if lease is not None and lease.poller is not None and lease.poller.done():  # it stopped polling
-            lease.poller = asyncio.ensure_future(_poll(t, body.decode(), lease))
+        elif kind == b"D" and lease.poller is not None and lease.poller.done():  # it stopped polling
+            lease.poller = asyncio.ensure_future(_poll(t, xid, lease))
 
 
 def go(t: "ZmqTransport", xid: str, key: str, header: bytes | memoryview, nparts: object, reply_to: str = "") -> None:
@@ -189,6 +192,7 @@ async def done(t: "ZmqTransport", xid: str, nparts: int) -> list[bytes]:
     if lease is None or lease.incoming is None:
         return [b"ERR", b"unknown or expired shared-memory lease"]
     lease.nparts = lease.nparts or nparts  # (its GO was lost)
+    lease.rung = lease.nparts  # everything was written before SHMDONE was sent
     await _check(lease)
     return _close(t, xid, lease)
 
@@ -214,7 +218,7 @@ async def _poll(t: "ZmqTransport", xid: str, lease: Lease) -> None:
             await pause()
             continue
         lease.wake = wake = loop.create_future()
-        if lease.ctrl.progress() > lease.checked:  # published while the ring was being set up
+        if _published(lease) > lease.checked:  # published while the ring was being set up
             continue
         timer = loop.call_later(POLL_IDLE_S - waited, wake.cancel)
         try:
@@ -229,11 +233,17 @@ async def _poll(t: "ZmqTransport", xid: str, lease: Lease) -> None:
         _close(t, xid, lease)
 
 
+def _published(lease: Lease) -> int:
+    """Parts the sender published: read from the block where stores stay in order (x86), else only
+    what its rings said (a datagram orders memory between the two processes)."""
+    return lease.ctrl.progress() if ORDERED else lease.rung
+
+
 async def _check(lease: Lease) -> bool:
     """Check the parts published since the last look; whether there were any."""
     assert lease.incoming is not None
     incoming, ctrl = lease.incoming, lease.ctrl
-    first, last = lease.checked, min(ctrl.progress(), lease.nparts)
+    first, last = lease.checked, min(_published(lease), lease.nparts)
     if last <= first:
         return False
     lease.checked = last
