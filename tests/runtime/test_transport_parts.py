@@ -95,7 +95,7 @@ def test_spare_lease_forgotten_by_the_receiver_is_answered_and_the_send_retried(
         await a.send(b.address, "q1", {}, big)
         await b.recv("q1", 5)
         b._leases.open.clear()  # the segment still exists, the receiver no longer knows the lease
-        await a.send(b.address, "q2", {}, big)  # SHMEND is refused, then a fresh lease carries it
+        await a.send(b.address, "q2", {}, big)  # SHMDONE is refused, then a fresh lease carries it
         assert torch.equal((await b.recv("q2", 5))[1]["x"], big["x"])
         assert a.stats["failures"] == 0 and b.stats["failures"] == 0 and a.stats["shm_sent"] == 2
 

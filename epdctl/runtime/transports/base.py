@@ -173,6 +173,21 @@ class Endpoint:
             raise TransferError(f"{what}: peer {peer_endpoint} rejected the transfer: {detail}")
         return reply
 
+    async def post(self, peer_endpoint: str, frames: Sequence[Frame], what: str) -> None:
+        """Send one message that is not answered (an announcement); the socket stays pooled."""
+        sock = self._checkout(peer_endpoint)
+        ok = False
+        try:
+            await sock.send_multipart(list(frames))
+            ok = True
+        except zmq.Again as exc:
+            raise TransferError(f"{what}: could not hand the message to {peer_endpoint} within "
+                                f"{self.timeout:g}s") from exc
+        except zmq.ZMQError as exc:
+            raise TransferError(f"{what}: {peer_endpoint}: {exc}") from exc
+        finally:
+            self._checkin(peer_endpoint, sock, ok)
+
     def _checkout(self, peer_endpoint: str) -> zmq.asyncio.Socket:
         idle = self._idle.get(peer_endpoint)
         if idle:

@@ -1,13 +1,17 @@
-"""The receiver's book of shared-memory segments lent to senders (see zmq.py's same-host path).
+"""The receiver's book of shared-memory segments lent to senders (see same_host.py).
 
 A lease is lent for one announced message (SHM: its header is known) or as a spare handed out
 with the answer to the previous message, so a sender's next hand-off needs no lease round trip;
-a spare learns its message from that message's first part. A lease not closed within the
-timeout is dropped (its file unlinked, never reused: the sender may still be writing into it).
+a spare learns its message from SHMGO. Every segment ends in a control block (progress.py),
+reset with the lease's token when it is lent. A lease not closed within the timeout is dropped
+(its token spoiled, its file unlinked, never reused: the sender may still be writing into it)
+and its message fails as truncated; answers given through the control block are kept for that
+long too, for a sender that asks again on the socket (SHMDONE).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
@@ -16,6 +20,7 @@ from ..errors import TransferError
 from ..wire import Frame, parse_header
 from . import shm
 from .parts import Incoming
+from .progress import CTRL_BYTES, Control, token_of
 
 
 @dataclass
@@ -25,6 +30,14 @@ class Lease:
     seg: shm.Segment
     buf: memoryview
     incoming: Incoming | None
+    ctrl: Control
+    nparts: int = 0
+    checked: int = 0                     # parts checked so far
+    rung: int = 0                        # parts the sender's rings announced
+    poller: asyncio.Future | None = None  # the receiver's poll of ``ctrl`` while the sender writes
+    wake: asyncio.Future | None = None    # set by the sender's next ring while the poll sleeps
+    reply_to: str = ""                    # the sender's doorbell, rung with the answer
+    spare: list[bytes] | None = None      # the spare lent with the answer (lent early, off the critical path)
 
 
 class Leases:
@@ -32,21 +45,27 @@ class Leases:
         self.pool = pool
         self.timeout = timeout
         self.open: dict[str, Lease] = {}
+        self.answered: dict[str, tuple[float, list[bytes]]] = {}
+        self.bell = ""  # this receiver's doorbell address, given with every lease
 
     def lend(self, incoming: Incoming | None, nbytes: int) -> list[bytes]:
-        """Lease a segment of at least ``nbytes``: [name, xid, size], or [] (no /dev/shm, or full)."""
+        """Lease a segment for a message of up to ``nbytes`` (plus its control block): [name, xid,
+        size, doorbell], or [] (no /dev/shm, or full). A spare passes its own segment's size."""
         if self.pool is None:
             return []
         try:
-            seg = self.pool.lease(nbytes)
+            seg = self.pool.lease(nbytes if incoming is None else nbytes + CTRL_BYTES)
         except OSError:
             return []
         xid = uuid.uuid4().hex
-        self.open[xid] = Lease(time.monotonic(), seg, self.pool.view(seg, seg.size).numpy().data, incoming)
-        return [seg.name.encode(), xid.encode(), str(seg.size).encode()]
+        whole = self.pool.view(seg, seg.size).numpy()
+        ctrl = Control(whole[seg.size - CTRL_BYTES:])
+        ctrl.reset(token_of(xid))
+        self.open[xid] = Lease(time.monotonic(), seg, whole.data, incoming, ctrl)
+        return [seg.name.encode(), xid.encode(), str(seg.size).encode(), self.bell.encode()]
 
     def for_message(self, key: str, header: bytes) -> list[bytes]:
-        """The answer to SHM: [OK, name, xid, size], or [OK] (the sender then uses the socket, where a
+        """The answer to SHM: [OK, name, xid, size, doorbell], or [OK] (the sender then uses the socket, where a
         bad header fails loudly)."""
         try:
             incoming = Incoming.open(key, parse_header(header))
@@ -61,22 +80,43 @@ class Leases:
         except (TransferError, KeyError, ValueError, TypeError) as exc:
             incoming = Incoming(key, {"tensors": [], "meta": {}}, [], 0)
             incoming.error = exc if isinstance(exc, TransferError) else TransferError(f"bad message header: {exc}")
-        if incoming.total > lease.seg.size:
+        if incoming.total > lease.seg.size - CTRL_BYTES:
             incoming.error = TransferError(f"message of {incoming.total} bytes does not fit the lent segment "
-                                           f"({lease.seg.size})")
+                                           f"({lease.seg.size - CTRL_BYTES})")
         lease.incoming = incoming
 
-    def drop(self, xid: str) -> None:
+    def answer(self, xid: str, reply: list[bytes]) -> None:
+        """Close a lease with ``reply``, given through its control block and kept for SHMDONE."""
         lease = self.open.pop(xid, None)
-        if lease is not None and self.pool is not None:
-            self.pool.drop(lease.seg)
+        if lease is not None:
+            lease.ctrl.answer(reply)
+        self.answered[xid] = (time.monotonic(), reply)
 
-    def purge(self) -> None:
+    def drop(self, xid: str) -> Lease | None:
+        lease = self.open.pop(xid, None)
+        if lease is not None:
+            lease.ctrl.reset(-1)  # a sender still holding this lease (a spare) finds it gone
+            if self.pool is not None:
+                self.pool.drop(lease.seg)
+        return lease
+
+    def purge(self) -> list[tuple[str, TransferError]]:
+        """Drop leases older than the timeout; (key, error) of each message they left half-written."""
         now = time.monotonic()
+        failed = []
         for xid in [x for x, lease in self.open.items() if now - lease.started > self.timeout]:
-            self.drop(xid)
+            lease = self.drop(xid)
+            if lease is not None and lease.incoming is not None and lease.incoming.key:
+                failed.append((lease.incoming.key, TransferError(
+                    f"transfer of {lease.incoming.key!r} truncated: the sender wrote {lease.checked} "
+                    f"of {lease.nparts or '?'} parts within {self.timeout:g}s (stopped or died)")))
+        for xid in [x for x, (t, _) in self.answered.items() if now - t > self.timeout]:
+            del self.answered[xid]
+        return failed
 
     def close(self) -> None:
         for lease in self.open.values():
+            if lease.poller is not None:
+                lease.poller.cancel()
             lease.seg.release()
         self.open.clear()

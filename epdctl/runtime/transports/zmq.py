@@ -6,16 +6,16 @@ On the socket each part is its own message (BLOBPART, the first carrying the hea
 BLOB, answered), sent as soon as it is written: the sender copies and hashes part k+1 while part
 k is on the wire and the receiver checks it, each part still in cache when the next stage reads
 it (``streams.py`` keeps the receiver's book); a message under 8 MiB or over 32 MiB goes as one
-BLOB of <= 16 MiB frames, and one under 8 MiB is one part in shared memory too. A tensor of 4 MiB or more is a zero-copy part of
-its own memory (hashed, not copied); runs of smaller ones are copied and hashed in one pass into
-slices of a reused send buffer. A message of 256 KiB or more to a peer on this host goes through
-a segment of /dev/shm the receiver lends instead (leases.py), in the same parts: SHMPART after
-each so the receiver checks it while the next is written, the last part riding on SHMEND. Each
-answer to SHMEND lends a spare segment, so the next hand-off needs no lease round trip (SHM ->
-lease -> SHMEND when no spare fits). Whether a peer shares the host is found out by the first
-lease and remembered. Receivers hand out views into the received buffers; a message is answered
-only after every part checked out, so ``send()`` returning means delivered, and damage fails
-both ends."""
+BLOB of <= 16 MiB frames, and one under 8 MiB is one part in shared memory too. A tensor of 4
+MiB or more is a zero-copy part of its own memory (hashed, not copied); runs of smaller ones are
+copied and hashed in one pass into slices of a reused send buffer. A message of 256 KiB or more
+to a peer on this host goes through a segment of /dev/shm the receiver lends instead, in the
+same parts, announced by a doorbell and answered through the segment's control block
+(``same_host.py``, ``progress.py``, ``doorbell.py``); each answer lends a spare segment, so the
+next hand-off needs no lease round trip. Whether a peer shares the host is found out by the
+first lease and remembered. Receivers hand out views into the received buffers; a message is
+answered only after every part checked out, so ``send()`` returning means delivered, and damage
+fails both ends."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ import torch
 
 from ..errors import TransferError
 from ..wire import Frame, describe, layout, parse_header
-from . import shm
+from . import same_host, shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
+from .doorbell import Doorbell
 from .leases import Leases
 from .streams import Streams
 from .parts import PART_BYTES, FrameWriter, Incoming, Sums, TensorWriter, Writer, part_header, span, split
@@ -47,12 +48,6 @@ PIPELINE_BYTES = 32 << 20   # larger socket messages go as one message of LARGE_
 PIPELINE_MIN_BYTES = 8 << 20  # smaller messages are one part: the extra messages cost more than the overlap saves
 LARGE_PART_BYTES = 16 << 20
 DIRECT_BYTES = 4 << 20      # tensors this large go on the socket from their own memory (smaller: a copy beats a zero-copy frame)
-
-
-async def _write(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[Sums, list[int]]:
-    if nbytes >= _THREAD_BYTES:
-        return await asyncio.to_thread(write, dst, first, last)
-    return write(dst, first, last)
 
 
 class ZmqTransport(Endpoint):
@@ -72,7 +67,10 @@ class ZmqTransport(Endpoint):
         self._same_host: dict[str, bool] = {}
         self._leases = Leases(self._pool, timeout)
         self._streams = Streams(timeout)
-        self._spares: dict[str, tuple[str, bytes, int, float]] = {}  # peer -> segment it lent for the next message
+        self._spares: dict[str, same_host.Spare] = {}  # peer -> segment it lent for the next message
+        self._bell = Doorbell(lambda data: same_host.ring(self, data))
+        self._acks: dict[str, asyncio.Future[None]] = {}  # lease id -> rung when its answer is in
+        self._purge_timer: asyncio.TimerHandle | None = None
         self.part_bytes, self.direct_bytes = PART_BYTES, DIRECT_BYTES
         self.pipeline_bytes, self.large_part_bytes = PIPELINE_BYTES, LARGE_PART_BYTES
         self.pipeline_min_bytes = PIPELINE_MIN_BYTES
@@ -91,6 +89,8 @@ class ZmqTransport(Endpoint):
 
     async def start(self) -> None:
         await self._bind()
+        if self.use_shm and self._bell.open():
+            self._leases.bell = self._bell.address
 
     async def send(self, peer: str, key: str, meta: dict, tensors: dict[str, torch.Tensor]) -> int:
         header, bufs = describe(meta, tensors)
@@ -110,7 +110,7 @@ class ZmqTransport(Endpoint):
         msg = _Outgoing(key, header, offsets, total, writer(offsets, total))
         try:
             shm_ok = self.use_shm and total >= self.shm_min_bytes and self._same_host.get(peer, True)
-            lengths = await self._send_shm(peer, msg) if shm_ok else None
+            lengths = await same_host.send(self, peer, msg) if shm_ok else None
             if lengths is None:
                 lengths = await self._send_socket(peer, msg)
         except TransferError:
@@ -120,6 +120,13 @@ class ZmqTransport(Endpoint):
         self.stats["bytes_sent"] += sent
         self.stats["transfers_sent"] += 1
         return sent
+
+    @staticmethod
+    async def _write_part(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int) -> tuple[Sums, list[int]]:
+        """Copy and hash one part (in a thread when it is large, so the event loop keeps serving)."""
+        if nbytes >= _THREAD_BYTES:
+            return await asyncio.to_thread(write, dst, first, last)
+        return write(dst, first, last)
 
     async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
         """Parts of ~``part_bytes``, each its own message (BLOBPART; the last BLOB, answered) sent
@@ -144,7 +151,7 @@ class ZmqTransport(Endpoint):
                     sums, written = digest, [n]  # a part of one tensor: its span is its bytes
                 else:  # a run of small tensors, copied and hashed into a slice of the send buffer
                     start, end = span(msg.offsets, msg.total, first, last)
-                    sums, written = await _write(msg.write, staging, first, last, end - start)
+                    sums, written = await self._write_part(msg.write, staging, first, last, end - start)
                     frame = staging[start:end].data  # its memoryview
                 lengths.extend(written)
                 descs.append(part_header(first, sums, written))
@@ -163,80 +170,18 @@ class ZmqTransport(Endpoint):
         self._staging.give(staging)  # acknowledged: every byte left this process; reuse it
         return lengths
 
-    async def _send_shm(self, peer: str, msg: "_Outgoing") -> list[int] | None:
-        """Write the message into a segment the peer lent, part by part (SHMPART after each, so the
-        receiver checks one while the next is written), then SHMEND. The segment is the spare the
-        peer lent with its last answer when that fits (no lease round trip), else one leased now.
-        The lengths written, or None when the peer is not on this host."""
-        endpoint, what = peer[4:], f"send {msg.key!r}"
-        spare = self._spares.pop(peer, None)
-        if spare is not None and spare[2] >= msg.total and time.monotonic() - spare[3] < self.timeout / 2:
-            try:
-                return await self._write_shm(peer, msg, spare[0], spare[1], spare=True)
-            except _SpareGone:
-                pass  # purged, or the receiver restarted: lease one now
-        reply = await self.request(endpoint, [b"SHM", msg.key.encode(), msg.header_json], what)
-        if len(reply) < 3:  # the receiver has no shared memory to lend
-            self._same_host[peer] = False
-            return None
-        return await self._write_shm(peer, msg, reply[1].decode(), reply[2], spare=False)
-
-    async def _write_shm(self, peer: str, msg: "_Outgoing", name: str, xid: bytes, spare: bool) -> list[int] | None:
-        endpoint, what = peer[4:], f"send {msg.key!r}"
-        try:
-            dst = self._maps.open(name, msg.total)
-        except OSError:
-            if spare:
-                raise _SpareGone() from None
-            self._same_host[peer] = False
-            await self.request(endpoint, [b"DROP", xid], what)
-            return None
-        self._same_host[peer] = True
-        lengths: list[int] = []
-
-        async def parts() -> AsyncIterator[list[Frame]]:
-            size = self.part_bytes if msg.total >= self.pipeline_min_bytes else self.large_part_bytes
-            cuts = split(msg.header["tensors"], msg.offsets, msg.total, size)
-            for i, (first, last) in enumerate(cuts):
-                start, end = span(msg.offsets, msg.total, first, last)
-                sums, written = await _write(msg.write, dst, first, last, end - start)
-                lengths.extend(written)
-                head = [msg.key.encode(), msg.header_json] if spare and i == 0 else []
-                kind = b"SHMEND" if i == len(cuts) - 1 else b"SHMPART"  # the last part closes the message
-                yield [kind, xid, json.dumps(part_header(first, sums, written)).encode(), *head]
-        try:
-            reply = await self.request(endpoint, None, what, stream=parts())
-        except TransferError as exc:
-            if spare and "unknown or expired" in str(exc):
-                raise _SpareGone() from exc
-            self.stats["shm_sent"] += 1
-            raise
-        self.stats["shm_sent"] += 1
-        if len(reply) >= 4:  # a spare segment for the next message
-            self._spares[peer] = (reply[1].decode(), reply[2], int(reply[3]), time.monotonic())
-        return lengths
-
     async def _handle(self, frames: list[memoryview]) -> list[bytes] | None:
         kind = bytes(frames[0]) if frames else b""
-        self._leases.purge()
-        self._streams.purge()
-        if kind in (b"SHMPART", b"SHMEND") and len(frames) in (3, 5):  # SHMEND: the last part, answered
-            xid = bytes(frames[1]).decode()
-            lease = self._leases.open.get(xid) if kind == b"SHMPART" else self._leases.open.pop(xid, None)
-            if lease is not None and lease.incoming is None and len(frames) == 5:  # the first part into a spare
-                self._leases.announce(lease, bytes(frames[3]).decode(), frames[4])
-            if lease is not None and lease.incoming is not None:
-                await self._add(lease.incoming, [frames[2]], [lease.buf], whole=True)
-            if kind == b"SHMPART":
-                return None
-            if lease is None or lease.incoming is None:
-                return [b"ERR", b"unknown or expired shared-memory lease"]
-            self.stats["shm_received"] += 1
-            reply = self._finish(lease.incoming)
-            return reply + self._leases.lend(None, lease.seg.size) if reply == [b"OK"] else reply
+        self._purge()
+        if kind == b"SHMGO" and len(frames) == 5:  # the sender writes into a lent segment: poll it
+            same_host.go(self, bytes(frames[1]).decode(errors="replace"), bytes(frames[2]).decode(errors="replace"),
+                         frames[3], bytes(frames[4]).decode(errors="replace"))
+            return None
+        if kind == b"SHMDONE" and len(frames) == 3 and bytes(frames[2]).isdigit():
+            return await same_host.done(self, bytes(frames[1]).decode(errors="replace"), int(bytes(frames[2])))
         if kind in (b"BLOB", b"BLOBPART") and len(frames) >= 4:  # BLOB: the last part, answered
             incoming = self._streams.take(bytes(frames[1]).decode(errors="replace"), frames[2])
-            await self._add(incoming, frames[3], frames[4:], whole=False)
+            await self._add(incoming, frames[3], frames[4:])
             if kind == b"BLOB":
                 return self._finish(incoming)
             self._streams.keep(incoming)
@@ -248,18 +193,34 @@ class ZmqTransport(Endpoint):
             return [b"OK"]
         return [b"ERR", b"unknown message"]
 
-    async def _add(self, incoming: Incoming, descs: Frame | list[Frame], bufs: list[memoryview], whole: bool) -> None:
-        """Check parts (``descs``: their JSON headers, one list or one each) in ``bufs`` (one each,
-        or the whole layout once); in a thread when they are large. Never raises: ``finish`` reports."""
+    def _purge(self) -> None:
+        """Drop expired leases and half-sent socket messages; a lease's message fails (truncated)."""
+        for key, error in self._leases.purge():
+            self._deliver(key, error)
+        self._streams.purge()
+
+    def _purge_later(self) -> None:
+        """Purge once the timeout has passed (no message may come to trigger it), while leases are open."""
+        def tick() -> None:
+            self._purge_timer = None
+            self._purge()
+            if self._leases.open:
+                self._purge_later()
+        if self._purge_timer is None:
+            self._purge_timer = asyncio.get_running_loop().call_later(self.timeout + 0.05, tick)
+
+    async def _add(self, incoming: Incoming, descs: Frame, bufs: list[memoryview]) -> None:
+        """Check parts (``descs``: their JSON headers) in ``bufs`` (one each); in a thread when they
+        are large. Never raises: ``finish`` reports."""
         try:
-            parts = json.loads(bytes(descs)) if not isinstance(descs, list) else [json.loads(bytes(d)) for d in descs]
-            if not isinstance(parts, list) or (not whole and len(parts) != len(bufs)):
+            parts = json.loads(bytes(descs))
+            if not isinstance(parts, list) or len(parts) != len(bufs):
                 raise TransferError(f"transfer of {incoming.key!r} truncated: {len(bufs)} buffers for "
                                     f"{len(parts) if isinstance(parts, list) else '?'} parts")
 
             def check(_: object) -> None:
                 for i, part in enumerate(parts):
-                    incoming.add(part, bufs[0 if whole else i], whole)
+                    incoming.add(part, bufs[i], whole=False)
             await verify(check, None, sum(incoming.size_of(p) for p in parts))
         except Exception as exc:  # a part is never answered on its own: its message's end reports it
             if not isinstance(exc, TransferError):
@@ -279,7 +240,10 @@ class ZmqTransport(Endpoint):
         return [b"OK"]
 
     async def close(self) -> None:
+        if self._purge_timer is not None:
+            self._purge_timer.cancel()
         await super().close()
+        self._bell.close()
         self._maps.close()
         self._leases.close()
         if self._pool is not None:
@@ -293,8 +257,7 @@ class _Outgoing:
 
     def __init__(self, key: str, header: dict, offsets: list[int], total: int, write: Writer):
         self.key, self.header, self.offsets, self.total, self.write = key, header, offsets, total, write
+        self.lengths: list[int] = []  # what the shared-memory path wrote
         self.header_json = json.dumps(header).encode()
 
 
-class _SpareGone(Exception):
-    """The spare segment a peer lent is no longer there; lease a fresh one."""
