@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tiny_model import image_messages, reference_generate
+from tiny_model import decode_all, image_messages, reference_generate
 
 from epdctl.runtime.decode_engine import DecodeEngine
 from epdctl.runtime.embed_cache import EmbedCache
@@ -91,12 +91,7 @@ def test_decode_batch_of_different_lengths_equals_each_alone(bundle, images):
     results = [prefill_request(bundle, enc, imgs, text, params) for imgs, text in cases]
     assert len({r.prompt_len for r in results}) == len(results)
     engine = DecodeEngine(bundle, keep_logits=True)
-    for i, r in enumerate(results):
-        engine.add(f"s{i}", r, params)
-    tokens: dict[str, list[int]] = {f"s{i}": [] for i in range(len(results))}
-    while engine.num_running:
-        for sid, tok, _ in engine.step():
-            tokens[sid].append(tok)
+    tokens = decode_all(engine, results, params)
     assert engine.forward_passes <= params.max_tokens  # one forward per step, not per sequence
     for i, r in enumerate(results):
         alone_tokens, alone_logits = run_alone(bundle, r, params)

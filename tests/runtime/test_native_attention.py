@@ -9,7 +9,7 @@ import stat
 
 import pytest
 import torch
-from tiny_model import image_messages, reference_generate
+from tiny_model import decode_all, image_messages, reference_generate
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from epdctl.runtime import native_attention
@@ -154,12 +154,7 @@ def _decode(bundle, results, params, native: bool) -> tuple[dict[str, list[int]]
     if not native:
         engine.native = None
     assert (engine.native is not None) == native
-    for i, r in enumerate(results):
-        engine.add(f"s{i}", r, params)
-    tokens: dict[str, list[int]] = {f"s{i}": [] for i in range(len(results))}
-    while engine.num_running:
-        for sid, tok, _ in engine.step():
-            tokens[sid].append(tok)
+    tokens = decode_all(engine, results, params)
     return tokens, {sid: engine.pop_logits(sid) for sid in tokens}
 
 

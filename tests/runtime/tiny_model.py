@@ -106,3 +106,14 @@ def reference_generate(bundle, images: list[bytes], messages: list[dict], max_ne
             max_new_tokens=max_new_tokens, do_sample=False, output_logits=True, return_dict_in_generate=True,
             eos_token_id=bundle.eos_token_ids, pad_token_id=bundle.tokenizer.pad_token_id)
     return prompt.input_ids, out.sequences[0, ids.shape[1]:].tolist(), [lg[0].float() for lg in out.logits]
+
+
+def decode_all(engine, results, params) -> dict[str, list[int]]:
+    """Add every prefill result to ``engine`` as ``s0, s1, ...`` and step until all finish: the tokens per stream."""
+    for i, r in enumerate(results):
+        engine.add(f"s{i}", r, params)
+    tokens: dict[str, list[int]] = {f"s{i}": [] for i in range(len(results))}
+    while engine.num_running:
+        for sid, tok, _ in engine.step():
+            tokens[sid].append(tok)
+    return tokens
