@@ -9,6 +9,7 @@ tokens are exactly those of the engine alone, one core or many.
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import sys
 from pathlib import Path
@@ -152,3 +153,12 @@ def test_the_trace_is_written_and_read_back_by_the_gap_analysis(bundle, prefille
     assert out["gaps"] == sum(len(s) - 1 for s in client["stamps"])
     assert out["long_gaps"] >= out["gaps"] - len(client["stamps"])  # all but each answer's very first
     assert out["step end -> tokens on their queues, ms p50/p99/max"]
+
+
+def test_a_trace_that_cannot_be_written_is_logged_not_raised(tmp_path, caplog):
+    """on_stop dumps the trace: a path that cannot be written must not fail the worker's shutdown."""
+    trace = loop_trace.LoopTrace(str(tmp_path / "no-such-dir" / "trace.json"))
+    trace.step(0.0, 0.001, 1, 0.001)
+    with caplog.at_level(logging.ERROR, logger=loop_trace.__name__):
+        trace.dump()
+    assert "cannot write the loop trace" in caplog.text and loop_trace.ENV in caplog.text

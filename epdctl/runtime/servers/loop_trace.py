@@ -19,10 +19,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import logging
 import os
 import time
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 ENV = "EPDCTL_LOOP_TRACE"
 SLOW_S = 0.0005
@@ -107,9 +110,13 @@ class LoopTrace:
             stamps.append(time.perf_counter())
 
     def dump(self) -> None:
-        Path(self.path).write_text(json.dumps({
-            "pid": os.getpid(), "slow_s": SLOW_S, "loop": self.loop_events, "steps": self.steps,
-            "commands": self.commands, "gc": self.gcs, "delivered": self.delivered, "written": self.written}))
+        """Write the trace; a path that cannot be written is logged, never a failed shutdown."""
+        try:
+            Path(self.path).write_text(json.dumps({
+                "pid": os.getpid(), "slow_s": SLOW_S, "loop": self.loop_events, "steps": self.steps,
+                "commands": self.commands, "gc": self.gcs, "delivered": self.delivered, "written": self.written}))
+        except OSError as exc:
+            log.error("%s=%s: cannot write the loop trace (%s)", ENV, self.path, exc)
 
 
 _TRACE: LoopTrace | None = None
