@@ -148,21 +148,29 @@ def test_stop_never_signals_an_unrecorded_process(tmp_path: Path) -> None:
         other.wait()
 
 
-def test_a_handle_recorded_under_a_btime_one_second_later_still_names_its_group(
+def test_the_token_not_the_clock_names_the_group_after_the_clock_steps_back(
         tmp_path: Path) -> None:
-    """psutil's create_time is btime + ticks and btime flips by a second when the clock is
-    slewed: a handle recorded a second "later" than the process reads now is still ours (poll
-    says alive, stop stops it); one recorded seconds later (a reused pid) is not."""
+    """psutil's create_time follows the wall clock (btime = now - uptime): after an NTP step
+    back our own process reads as created seconds (or hours) before its record. A handle
+    whose create_time lies later than the process's, with the recorded token, is still ours
+    (poll says alive, stop stops it); the same handle with another token is not (a forged or
+    stale record), and neither is the process's group under a handle without a token."""
     lau = LocalLauncher()
     lau.settle = 0.0
-    rec = _start(lau, _rec("slewed", "import time; time.sleep(300)", tmp_path / "s.log"))
+    rec = _start(lau, _rec("stepped", "import time; time.sleep(300)", tmp_path / "s.log"))
     assert rec.handle is not None
     true_handle = rec.handle
     try:
-        rec.handle = replace(true_handle, create_time=true_handle.create_time + 3.0)
+        for jump in (1.0, 3.0, 3600.0):
+            rec.handle = replace(true_handle, create_time=true_handle.create_time + jump)
+            assert _alive(lau, rec), jump
+        rec.handle = replace(true_handle, token="0" * len(true_handle.token or "x"))
         assert not _alive(lau, rec)
-        rec.handle = replace(true_handle, create_time=true_handle.create_time + 1.0)
-        assert _alive(lau, rec)
+        assert lau.stop([rec], grace=0.2).all_ok
+        assert psutil.Process(true_handle.pid).status() != psutil.STATUS_ZOMBIE
+        rec.handle = replace(true_handle, token=None)
+        assert not _alive(lau, rec)
+        rec.handle = replace(true_handle, create_time=true_handle.create_time + 3600.0)
         assert lau.stop([rec], grace=2.0).all_ok
         assert not psutil.pid_exists(true_handle.pid) or \
             psutil.Process(true_handle.pid).status() == psutil.STATUS_ZOMBIE

@@ -32,7 +32,8 @@ from epdctl.state import Handle, ProcessRecord
 logger = logging.getLogger(__name__)
 _PYTHONS = {"python", "python3", sys.executable}
 # psutil's create_time is btime + ticks since boot, and btime (whole seconds) flips by one when
-# the clock is slewed: the same process may read a second earlier later on. The token is the proof.
+# the clock is slewed: the same process may read a second earlier later on. Only members without
+# the token are judged by it; the token is the proof.
 BTIME_SLACK_S = 1.05
 
 
@@ -246,14 +247,20 @@ class LocalLauncher:
 
     def _live(self, h: Handle, groups: dict[int, list[tuple[psutil.Process, float]]]
               ) -> list[psutil.Process]:
-        """Members of the handle's group that epdctl can prove it started: created no earlier
-        than the recorded leader (pid reuse) and carrying the recorded token (a forged or
-        stale record names a process without it). No token recorded: nothing is provably ours."""
+        """Members of the handle's group that epdctl can prove it started: those carrying the
+        recorded token (inherited by every child), and those without it (a child that dropped
+        its environment) created no earlier than the recorded leader. The token, not the clock,
+        is the proof: psutil's create_time follows the wall clock (btime = now - uptime), so
+        after the clock is stepped back our own process reads as created before its record.
+        No token recorded, or no member carrying it (a reused pid, a forged record): none."""
         if not h.token or not isinstance(h.pgid, int) or h.pgid <= 0:
             return []
-        mine = [p for p, ct in groups.get(h.pgid, []) if ct + BTIME_SLACK_S >= h.create_time]
-        return mine if any(self._token(p, ct) == h.token
-                           for p, ct in groups.get(h.pgid, []) if p in mine) else []
+        members = groups.get(h.pgid, [])
+        marked = [p for p, ct in members if self._token(p, ct) == h.token]
+        if not marked:
+            return []
+        return marked + [p for p, ct in members if p not in marked
+                         and ct + BTIME_SLACK_S >= h.create_time]
 
     def _token(self, p: psutil.Process, ct: float) -> str | None:
         key = (p.pid, ct)
