@@ -113,12 +113,16 @@ def _background(rng: random.Random) -> tuple[int, int, int]:
     return (rng.randint(200, 255), rng.randint(200, 255), rng.randint(200, 255))
 
 
-def random_item(rng: random.Random, plain: bool = False) -> tuple[Image.Image, Item]:
+def random_item(rng: random.Random, plain: bool = False,
+                colour: str | None = None) -> tuple[Image.Image, Item]:
     """A random shape/colour; varied size, scale, position and background unless ``plain``.
 
-    Plain images are what a person would draw by hand: 112 px, white, centred.
+    Plain images are what a person would draw by hand: 112 px, white, centred. ``colour``
+    overrides the drawn colour (the rng is drawn the same either way).
     """
     item = Item(rng.choice(SHAPES), rng.choice(list(COLOURS)))
+    if colour is not None:
+        item = Item(item.shape, colour)
     if plain:
         return draw(item.shape, item.colour), item
     size = rng.choice((64, 84, 96, 112, 112, 128, 160))

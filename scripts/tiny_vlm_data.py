@@ -40,18 +40,24 @@ class Batcher:
         return self._prompts[key]
 
     def batch(self, rng: random.Random, counts: list[int], plain_frac: float = 0.0,
-              style_frac: float = 0.0, question_mix: float = 0.0) -> dict[str, Any]:
+              style_frac: float = 0.0, question_mix: float = 0.0,
+              shared_colour: float = 0.0) -> dict[str, Any]:
         """``style_frac`` of the images come from :func:`tiny_vlm_styles.styled_item`; with
-        probability ``question_mix`` a request's question stands before or between the images.
-        At 0 neither draws from ``rng``, so the earlier stages reproduce bit for bit."""
+        probability ``question_mix`` a request's question stands before or between the images;
+        with probability ``shared_colour`` a request of 2+ images draws all its colours from one
+        or two (see :func:`palette`). At 0 none draws from ``rng``, so the earlier stages
+        reproduce bit for bit."""
         seqs, labels, images, all_items = [], [], [], []
         for n in counts:
             items = []
+            colours = palette(rng, n, shared_colour)
             for _ in range(n):
+                colour = rng.choice(colours) if colours else None
                 if style_frac and rng.random() < style_frac:
-                    img, item = styled_item(rng)
+                    img, item = styled_item(rng, colour)
                 else:
-                    img, item = shapes.random_item(rng, plain=rng.random() < plain_frac)
+                    img, item = shapes.random_item(rng, plain=rng.random() < plain_frac,
+                                                   colour=colour)
                 images.append(img)
                 items.append(item)
             all_items.append(items)
@@ -74,6 +80,17 @@ class Batcher:
                 "mm_token_type_ids": (ids == self.image_pad_id).int(),
                 "pixel_values": pix["pixel_values"], "image_grid_thw": pix["image_grid_thw"],
                 "items": all_items}
+
+
+def palette(rng: random.Random, n: int, shared: float) -> list[str]:
+    """The colours a request of ``n`` images may use: all (``[]``) unless, with probability
+    ``shared``, one or two of them, so that images share a colour and differ in shape. The
+    model then cannot find "Picture k"'s shape by its colour (the shortcut behind most misses
+    on held-out drawings: the shape of another image of the same colour) and must bind each
+    answer line to its image. Draws nothing from ``rng`` when ``shared`` is 0."""
+    if not shared or n < 2 or rng.random() >= shared:
+        return []
+    return rng.sample(list(shapes.COLOURS), rng.choice((1, 2)))
 
 
 def teacher_forced_accuracy(model: Any, tok: Any, b: dict[str, Any]) -> list[list[bool]]:

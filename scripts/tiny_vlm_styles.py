@@ -71,9 +71,12 @@ def _noise(rng: random.Random, img: Image.Image) -> Image.Image:
     return Image.frombytes("RGB", img.size, t.clamp(0, 255).to(torch.uint8).numpy().tobytes())
 
 
-def styled_item(rng: random.Random) -> tuple[Image.Image, shapes.Item]:
-    """One random shape/colour drawn in a random style (see the module docstring)."""
+def styled_item(rng: random.Random, colour: str | None = None) -> tuple[Image.Image, shapes.Item]:
+    """One random shape/colour drawn in a random style (see the module docstring); ``colour``
+    overrides the drawn colour (the rng is drawn the same either way)."""
     item = shapes.Item(rng.choice(shapes.SHAPES), rng.choice(list(shapes.COLOURS)))
+    if colour is not None:
+        item = shapes.Item(item.shape, colour)
     side = rng.randint(48, 288)
     ss = rng.choice((1, 1, 2, 3))
     big = side * ss

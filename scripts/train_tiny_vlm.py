@@ -91,7 +91,7 @@ def train(args: argparse.Namespace) -> None:
         single = step <= args.single_steps
         counts = [count_for(rng, step, args) for _ in range(args.batch * (2 if single else 1))]
         b = batcher.batch(rng, counts, plain_frac=0.15, style_frac=args.style_frac,
-                          question_mix=args.question_mix)
+                          question_mix=args.question_mix, shared_colour=args.shared_colour)
         loss = model(**{k: v for k, v in b.items() if k != "items"}).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -157,6 +157,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "JPEG: scripts/tiny_vlm_styles.py); 0 = the shapes module's drawings only")
     p.add_argument("--question-mix", type=float, default=0.0,
                    help="fraction of requests whose question stands before or between the images")
+    p.add_argument("--shared-colour", type=float, default=0.0,
+                   help="fraction of requests whose images share one or two colours (the model "
+                        "must bind each answer line to its image, not find it by colour)")
     p.add_argument("--many-frac", type=float, default=0.0,
                    help="fraction of requests with 5-8 images (the rest 1..N as --ramp says)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")

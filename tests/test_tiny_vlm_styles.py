@@ -54,3 +54,35 @@ def test_styled_items_cover_the_vocabulary_and_keep_the_named_colour() -> None:
                 for name, anchors in ANCHORS.items()}
         assert min(dist, key=dist.get) == item.colour, (item, px)
     assert len(seen) == len(shapes.SHAPES) * len(shapes.COLOURS)
+
+
+def test_shared_colour_requests_reuse_one_or_two_colours_and_leave_rng_alone_when_off() -> None:
+    from tiny_vlm_data import palette
+
+    rng = random.Random(5)
+    state = rng.getstate()
+    assert palette(rng, 4, 0.0) == [] and palette(rng, 1, 1.0) == []
+    assert rng.getstate() == state  # stages before --shared-colour reproduce bit for bit
+    sizes = {len(palette(rng, 4, 1.0)) for _ in range(100)}
+    assert sizes == {1, 2}
+    got = palette(rng, 3, 1.0)
+    assert set(got) <= set(shapes.COLOURS)
+
+
+@pytest.mark.parametrize("draw", ["plain", "varied", "styled"])
+def test_a_forced_colour_is_drawn_in_place_of_the_drawn_one(draw: str) -> None:
+    def one(rng: random.Random, colour: str | None) -> tuple[object, shapes.Item]:
+        if draw == "styled":
+            return styled_item(rng, colour)
+        return shapes.random_item(rng, plain=draw == "plain", colour=colour)
+
+    for seed in range(12):
+        img, item = one(random.Random(seed), "green")
+        _, free = one(random.Random(seed), None)
+        assert item == shapes.Item(free.shape, "green")
+        raw = img.tobytes()
+        px = max((tuple(raw[i:i + 3]) for i in range(0, len(raw), 3)),
+                 key=lambda c: max(c) - min(c))
+        dist = {name: min(sum((x - y) ** 2 for x, y in zip(px, anc)) for anc in anchors)
+                for name, anchors in ANCHORS.items()}
+        assert min(dist, key=dist.get) == "green"
