@@ -176,6 +176,21 @@ void epd_slot_write_f32(int64_t n, int64_t kv_heads, int64_t dim, const float *s
             memcpy(v + at, sv + from, sizeof(float) * (size_t)dim);
         }
 }
+
+/* out[i] = argmax of row i of x [n, vocab]: the first largest; a NaN wins (torch.argmax's rule; bit test under -ffast-math) */
+void epd_argmax_f32(int64_t n, int64_t vocab, const float *x, int64_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = x + i * vocab;
+        int64_t best = 0;
+        float top = r[0];
+        for (int64_t j = 0; j < vocab; j++) {
+            uint32_t bits;
+            if (memcpy(&bits, r + j, sizeof bits), (bits & 0x7fffffffu) > 0x7f800000u) { best = j; break; }
+            if (r[j] > top) { top = r[j]; best = j; }
+        }
+        out[i] = best;
+    }
+}
 """
 # Compiled and linked in two steps: linking a shared library with -ffast-math (gcc < 13) adds
 # crtfastmath.o, whose constructor would switch the whole process (torch too) to flush-to-zero.
@@ -227,6 +242,8 @@ def _build() -> ctypes.CDLL:
     dll.epd_slot_attention_f32.restype = ctypes.c_int
     dll.epd_slot_write_f32.argtypes = _WRITE_ARGTYPES
     dll.epd_slot_write_f32.restype = None
+    dll.epd_argmax_f32.argtypes = [_I64, _I64, _PTR, _PTR]
+    dll.epd_argmax_f32.restype = None
     return dll
 
 
@@ -283,3 +300,4 @@ def write(dll: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_table: tor
     ss, hs, _, _ = k_table.stride()
     dll.epd_slot_write_f32(n, heads, dim, sk.data_ptr(), sv.data_ptr(), k_table.data_ptr(), v_table.data_ptr(), ss, hs,
                            cols.data_ptr())
+
