@@ -86,8 +86,8 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams], indices
 
 
 def argmax_into(dll: ctypes.CDLL, logits: torch.Tensor, out: torch.Tensor) -> list[int]:
-    """Greedy tokens of every row: ``out[:] = logits.argmax(-1)`` through native_attention's library
-    (torch's reduction takes ~9 us for 16 rows of the tiny model's 373 logits, this ~1), as a list.
+    """Greedy tokens of every row: ``out[:] = logits.argmax(-1)`` through native_attention's library,
+    as a list (16 rows of the tiny model's 373 logits, with the list: 7.0 us with torch's, 2.9 here).
     logits: contiguous fp32 [n, vocab]; out: contiguous int64 [n]. Same tokens as ``sample_batch``."""
     n, vocab = logits.shape
     if not (logits.is_contiguous() and logits.dtype == torch.float32 and out.dtype == torch.int64
