@@ -5,10 +5,11 @@ images, so prompts differ in length); every stream runs ``--tokens`` tokens (ign
 sides decode the SAME requests: the batched row runs the first n together, the 1-stream side
 runs each of them alone, one after another, and the speed-up is the ratio of the two tokens/s.
 Every turn (``--reps``) runs both sides of every row, in alternating order, so a change of the
-shared host's load hits both; reported are the least time (best turn) and the median of the
-turns. Besides whole runs (what a client sees: the join step, where each prefill's KV is copied
-into its slot, and every later step), the steady steps alone (after the join) are timed: that
-figure is what ``ab_decode_step.py`` measures, step blocks of long-lived engines.
+shared host's load hits both; reported are the least time (best turn), the median of the turns,
+and the median of each turn's own ratio. Besides whole runs (what a client sees: the join step,
+where each prefill's KV is copied into its slot, and every later step), the steady steps alone
+(after the join) are timed: that figure is what ``ab_decode_step.py`` measures, step blocks of
+long-lived engines.
 Modes: greedy; greedy with streams joining one per step while the batch runs (continuous
 batching; its 1-stream side is the greedy one of the same turn); sampled (temperature 0.8,
 top-p 0.95, each stream its own seed). CPU figures use the decoding thread's time
@@ -114,6 +115,7 @@ def summary(turns: list[tuple[dict, dict]], n: int) -> dict:
     out["x_least"] = out["batched_tokens_per_s"] / out["alone_tokens_per_s"]
     out["x_median"] = out["batched_tokens_per_s_median"] / out["alone_tokens_per_s_median"]
     out["x_cpu"] = out["batched_tokens_per_cpu_s"] / out["alone_tokens_per_cpu_s"]
+    out["x_turns_median"] = statistics.median(b["tokens_per_s"] / a["tokens_per_s"] for b, a in turns)
     out["x_steady_least"] = n * out["alone_steady_ms"] / out["batched_steady_ms"]
     out["x_steady_median"] = n * out["alone_steady_ms_median"] / out["batched_steady_ms_median"]
     return out
@@ -150,16 +152,18 @@ def main() -> None:
                 turns[mode, n].append((batched[n], pooled(alone_runs[base][:n])))
     load1 = os.getloadavg()[0]
     rows = [{"mode": m, "streams": n, **summary(turns[m, n], n)} for m in args.modes for n in sizes]
-    print(f"{'mode':>16} {'n':>3} {'alone tok/s':>12} {'batched':>8} {'x least':>8} {'x median':>8} {'x CPU':>6} "
+    print(f"{'mode':>16} {'n':>3} {'alone tok/s':>12} {'batched':>8} {'x least':>8} {'x median':>8} {'x turns':>7} "
+          f"{'x CPU':>6} "
           f"{'steady ms alone':>15} {'batched':>8} {'x least':>8} {'x median':>8} {'join ms':>8}")
     for r in rows:
         print(f"{r['mode']:>16} {r['streams']:3d} {r['alone_tokens_per_s']:12.0f} {r['batched_tokens_per_s']:8.0f} "
-              f"{r['x_least']:8.2f} {r['x_median']:8.2f} {r['x_cpu']:6.2f} {r['alone_steady_ms']:15.3f} "
+              f"{r['x_least']:8.2f} {r['x_median']:8.2f} {r['x_turns_median']:7.2f} {r['x_cpu']:6.2f} "
+              f"{r['alone_steady_ms']:15.3f} "
               f"{r['batched_steady_ms']:8.3f} {r['x_steady_least']:8.2f} {r['x_steady_median']:8.2f} "
               f"{r['batched_join_ms']:8.2f}")
     print(f"threads {torch.get_num_threads()}, load {load0:.2f} -> {load1:.2f}; {args.reps} turns, both sides of every "
           "row in each; alone = the same requests decoded one at a time; x = batched tokens/s over alone's (least "
-          "times, medians, CPU time); steady = steps after the join step (ab_decode_step.py's measure)")
+          "times, medians, the median of each turn's own ratio, CPU time); steady = steps after the join step (ab_decode_step.py's measure)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": source, "tokens": args.tokens, "reps": args.reps,

@@ -69,3 +69,9 @@ def test_both_sides_time_the_same_positions_of_every_request():
     assert all(many[0] == ("native", wide, 0) and one[1] == many[1] for many, one in pairs)  # same positions
     assert all(left < steps for _, left in log)  # every timed turn follows an untimed step of its engine
     assert all(len(wall[k]) == len(cpu[k]) == (2 * wide if k[1] == wide else 2) for k in keys)
+
+
+def test_turn_ratios_pair_each_one_stream_turn_with_the_wide_turn_before_it():
+    times = {("native", 4, 0): [2.0, 4.0, 2.0, 1.0], ("native", 1, 0): [1.0], ("native", 1, 1): [2.0],
+             ("native", 1, 2): [3.0], ("native", 1, 3): [0.5]}
+    assert ab.turn_ratios(times, "native", 4) == [4 * 1.0 / 2.0, 4 * 2.0 / 4.0, 4 * 3.0 / 2.0, 4 * 0.5 / 1.0]

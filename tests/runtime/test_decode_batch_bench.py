@@ -50,5 +50,6 @@ def test_summary_is_batched_over_the_same_requests_alone():
     s = bench.summary(turns, 16)
     assert s["x_least"] == pytest.approx(8000 / 1000)  # each side's best turn
     assert s["x_median"] == pytest.approx(7000 / 900)
+    assert s["x_turns_median"] == pytest.approx(7000 / 800)  # per turn: 8000/900, 6000/1000, 7000/800
     assert s["x_steady_least"] == pytest.approx(16 * 1.0 / 2.0)
     assert s["x_steady_median"] == pytest.approx(16 * 1.1 / 2.2)
