@@ -27,7 +27,7 @@ from .model import ModelBundle
 from .native_attention import RowLengths, kernel
 from .packed_gemm import MIN_ROWS, packed_for
 from .prefill_engine import PrefillResult
-from .sampling import SamplingParams, sample_batch
+from .sampling import SamplingParams, argmax_into, sample_batch
 from .slot_attention import additive_mask, use_for
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,9 @@ class DecodeEngine:
         head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
         self.slots = KVSlots(tc.num_hidden_layers, tc.num_key_value_heads, head_dim, bundle.dtype)
         self._by_slot: list[_Seq] = []
+        self._tokens = torch.zeros(4, dtype=torch.long)  # per slot: the token the next step feeds (its last)
+        self._deltas = torch.zeros(4, dtype=torch.long)  # per slot: the sequence's M-RoPE delta
+        self._sampled = 0  # running rows that sample (temperature > 0); 0: the step takes the argmax only
         self.packed = packed_for(self.lm, self.lm_head)  # oneDNN GEMMs for steps of MIN_ROWS+ rows
         self.threads = StepThreads(macs_per_row(self.lm, self.lm_head))  # the pool only for big steps
         self.native = kernel() if bundle.dtype == torch.float32 else None  # C attention, else torch's
@@ -106,14 +109,17 @@ class DecodeEngine:
         self.steps += 1
         out: list[tuple[str, int, bool]] = []
         fresh, self._fresh = list(self._fresh.values()), {}
+        joining = [(s, r) for s, r in fresh if not self._finished(s, s.last_token)]
+        if joining:  # one reallocation of the slot tables for every sequence joining this step
+            self.slots.reserve(self.slots.used + len(joining),
+                               max(int(r.kv[0][0].shape[2]) + max(s.params.max_tokens, 1) for s, r in joining))
         for seq, result in fresh:  # emit the prefill's token; the sequence joins this step's batch
             done = self._finished(seq, seq.last_token)
             out.append((seq.seq_id, seq.last_token, done))
             if done:
                 self._finish(seq)
             else:
-                seq.slot = self.slots.add(seq.seq_id, result.kv, seq.params.max_tokens)
-                self._by_slot.append(seq)
+                self._join(seq, result)
         batch = list(self._by_slot)
         if batch:
             for seq, token in zip(batch, self._forward(len(batch))):
@@ -125,6 +131,17 @@ class DecodeEngine:
                     self._finish(seq)
         return out
 
+    def _join(self, seq: _Seq, result: PrefillResult) -> None:
+        seq.slot = self.slots.add(seq.seq_id, result.kv, seq.params.max_tokens)
+        self._by_slot.append(seq)
+        if seq.slot >= len(self._tokens):
+            grow = torch.zeros(2 * len(self._tokens), dtype=torch.long)
+            self._tokens = torch.cat([self._tokens, grow])
+            self._deltas = torch.cat([self._deltas, grow])
+        self._tokens[seq.slot] = seq.last_token
+        self._deltas[seq.slot] = seq.rope_delta
+        self._sampled += seq.params.temperature > 0
+
     def _finish(self, seq: _Seq) -> None:
         del self._seqs[seq.seq_id]
         if seq.slot >= 0:
@@ -134,9 +151,12 @@ class DecodeEngine:
 
     def _release(self, seq: _Seq) -> None:
         slot, seq.slot = seq.slot, -1
+        self._sampled -= seq.params.temperature > 0
         last = self._by_slot.pop()
         self.slots.free(slot)
         if last is not seq:
+            self._tokens[slot] = self._tokens[last.slot]
+            self._deltas[slot] = self._deltas[last.slot]
             self._by_slot[slot] = last
             last.slot = slot
 
@@ -154,8 +174,8 @@ class DecodeEngine:
     def _step_rows(self, n: int) -> list[int]:
         seqs = self._by_slot[:n]
         cache = SlotCache(self.slots, n, self.native)
-        ids = torch.tensor([[s.last_token] for s in seqs], dtype=torch.long)
-        pos = (cache.cols + torch.tensor([s.rope_delta for s in seqs], dtype=torch.long)).view(1, n, 1).expand(3, n, 1)
+        ids = self._tokens[:n].view(n, 1)
+        pos = (cache.cols + self._deltas[:n]).view(1, n, 1).expand(3, n, 1)
         mask = {"full_attention": RowLengths(cache.cols + 1, self.native) if self.native is not None
                 else additive_mask(cache.cols, cache.width, self.bundle.dtype)}
         packed = self.packed if self.packed is not None and n >= MIN_ROWS else None
@@ -169,4 +189,8 @@ class DecodeEngine:
         if self.keep_logits:
             for i, s in enumerate(seqs):
                 s.logits.append(logits[i].clone())
-        return sample_batch(logits, [s.params for s in seqs], [s.generated for s in seqs])
+        if self._sampled == 0 and self.native is not None:  # every row greedy: the argmax, into the next ids
+            return argmax_into(self.native, logits, self._tokens[:n])
+        tokens = sample_batch(logits, [s.params for s in seqs], [s.generated for s in seqs])
+        self._tokens[:n] = torch.tensor(tokens, dtype=torch.long)
+        return tokens

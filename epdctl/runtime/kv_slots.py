@@ -51,13 +51,18 @@ class KVSlots:
                 new[:old_slots, :, :old_cap] = old
                 table[i] = new
 
+    def reserve(self, count: int, need: int) -> None:
+        """Room for ``count`` used slots of ``need`` tokens each: one reallocation for a step's joiners
+        (16 joining a fresh 4-slot table: one instead of three)."""
+        slots = self.keys[0].shape[0]
+        while slots < count:
+            slots *= 2
+        self._grow(slots, max(self.capacity * 2, -(-need // _COL) * _COL) if need > self.capacity else self.capacity)
+
     def add(self, seq_id: str, kv: list[tuple[torch.Tensor, torch.Tensor]], room: int) -> int:
         """Copy a prompt's KV ([1, heads, n, dim] per layer) into a new slot with ``room`` more tokens."""
         n = int(kv[0][0].shape[2])
-        need = n + max(room, 1)
-        slots = self.keys[0].shape[0]
-        self._grow(slots * 2 if self.used >= slots else slots,
-                   max(self.capacity * 2, -(-need // _COL) * _COL) if need > self.capacity else self.capacity)
+        self.reserve(self.used + 1, n + max(room, 1))
         slot = self.used
         for layer, (k, v) in enumerate(kv):
             self.keys[layer][slot, :, :n] = k[0]

@@ -1,13 +1,10 @@
 """A decode step's attention as one small C loop per layer, built on this host at first use.
 
-Why: torch runs a step's attention (one query token per row) as two batched GEMMs per layer,
-i.e. MKL called on 2 query rows per KV head (M = 2): 54 us per stream per step on the tiny model
-(profile_decode_step.py --ops, 16 rows), ~5x what reading the KV costs, and every row is read to
-the batch's padded width. benchmarks/bench_slot_attention.py lists the torch layouts tried; none
-came near the read floor. This loop reads each row's keys and values once, only up to that row's
-own length (no mask, no padding), keeps the group's queries side by side, and writes the output
-in the layout the o_proj reads. A second function writes the step's new keys and values into
-the slots (kv_slots.SlotCache), one call per layer.
+Why: torch runs a step's attention as MKL GEMMs on 2 query rows per KV head, ~5x what reading the
+KV costs, every row read to the batch's padded width (bench_slot_attention.py lists the layouts
+tried). This loop reads each row's keys and values once, only to that row's own length, and
+writes the output in the layout the o_proj reads. A second function writes the step's new K/V
+into the slots (kv_slots.SlotCache), a third takes the argmax of all-greedy steps (sampling.py).
 
 How: the C source below is compiled with the host's ``cc`` (-O3 -march=native, vectorised exp
 via glibc's libmvec) into a per-user cache (``$XDG_CACHE_HOME/epdctl`` or ``~/.cache/epdctl``,
@@ -176,6 +173,27 @@ void epd_slot_write_f32(int64_t n, int64_t kv_heads, int64_t dim, const float *s
             memcpy(v + at, sv + from, sizeof(float) * (size_t)dim);
         }
 }
+
+/* out[i] = argmax of row i of x [n, vocab]: the first largest; a NaN wins (torch.argmax's rule; bit test under
+   -ffast-math). Two passes (the max, vectorised; then its first index) instead of one branchy scalar loop. */
+void epd_argmax_f32(int64_t n, int64_t vocab, const float *x, int64_t *out) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *r = x + i * vocab;
+        float top = r[0];
+        uint32_t nan = 0, bits;
+        for (int64_t j = 0; j < vocab; j++) {
+            memcpy(&bits, r + j, sizeof bits);
+            nan |= (bits & 0x7fffffffu) > 0x7f800000u;
+            top = r[j] > top ? r[j] : top;
+        }
+        int64_t best = 0;
+        for (int64_t j = 0; j < vocab; j++) {
+            memcpy(&bits, r + j, sizeof bits);
+            if (nan ? (bits & 0x7fffffffu) > 0x7f800000u : r[j] == top) { best = j; break; }
+        }
+        out[i] = best;
+    }
+}
 """
 # Compiled and linked in two steps: linking a shared library with -ffast-math (gcc < 13) adds
 # crtfastmath.o, whose constructor would switch the whole process (torch too) to flush-to-zero.
@@ -227,6 +245,8 @@ def _build() -> ctypes.CDLL:
     dll.epd_slot_attention_f32.restype = ctypes.c_int
     dll.epd_slot_write_f32.argtypes = _WRITE_ARGTYPES
     dll.epd_slot_write_f32.restype = None
+    dll.epd_argmax_f32.argtypes = [_I64, _I64, _PTR, _PTR]
+    dll.epd_argmax_f32.restype = None
     return dll
 
 
@@ -283,3 +303,4 @@ def write(dll: ctypes.CDLL, key: torch.Tensor, value: torch.Tensor, k_table: tor
     ss, hs, _, _ = k_table.stride()
     dll.epd_slot_write_f32(n, heads, dim, sk.data_ptr(), sv.data_ptr(), k_table.data_ptr(), v_table.data_ptr(), ss, hs,
                            cols.data_ptr())
+

@@ -87,14 +87,15 @@ class PackedLayers:
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[None]:
-        """The model's MLPs run packed for the duration (instance attributes; the class is untouched)."""
+        """The model's MLPs run packed for the duration (instance attributes; the class is untouched).
+        Written to the modules' ``__dict__`` directly: nn.Module's ``__setattr__`` made this ~10 us a step."""
         for mlp, packed in zip(self.mlps, self.packed):
-            mlp.forward = packed
+            mlp.__dict__["forward"] = packed
         try:
             yield
         finally:
             for mlp in self.mlps:
-                del mlp.forward
+                mlp.__dict__.pop("forward", None)
 
 
 def packed_for(lm: Any, lm_head: torch.nn.Linear, max_copy_bytes: int = MAX_COPY_BYTES) -> PackedLayers | None:

@@ -8,6 +8,7 @@ every running sequence of a step in one batched call (``sample_batch``).
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -82,6 +83,18 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams], indices
             return drawn.tolist()
         tokens[rows] = drawn
     return tokens.tolist()
+
+
+def argmax_into(dll: ctypes.CDLL, logits: torch.Tensor, out: torch.Tensor) -> list[int]:
+    """Greedy tokens of every row: ``out[:] = logits.argmax(-1)`` through native_attention's library,
+    as a list (16 rows of the tiny model's 373 logits, with the list: 7.0 us with torch's, 2.9 here).
+    logits: contiguous fp32 [n, vocab]; out: contiguous int64 [n]. Same tokens as ``sample_batch``."""
+    n, vocab = logits.shape
+    if not (logits.is_contiguous() and logits.dtype == torch.float32 and out.dtype == torch.int64
+            and out.is_contiguous() and out.numel() == n):
+        raise ValueError("native argmax needs contiguous fp32 logits [n, vocab] and an int64 [n] output")
+    dll.epd_argmax_f32(n, vocab, logits.data_ptr(), out.data_ptr())
+    return out.tolist()
 
 
 def _uniforms(params: list[SamplingParams], indices: list[int]) -> torch.Tensor:

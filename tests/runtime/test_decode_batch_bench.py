@@ -1,0 +1,55 @@
+"""benchmarks/bench_decode_batch.py: both sides decode the same requests, a run's join step is
+timed apart from its steady steps, and the summary's ratios are batched over alone."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_decode_batch as bench  # noqa: E402
+
+from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
+from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402
+from epdctl.runtime.prompt import build_prompt  # noqa: E402
+from epdctl.runtime.sampling import SamplingParams  # noqa: E402
+from tiny_model import image_messages  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results(bundle, images):
+    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
+    out = []
+    for i in range(3):
+        encoded = enc.encode(images[i:i + 1 + i])
+        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
+        out.append(pre.prefill(prompt, encoded, SamplingParams(max_tokens=4)))
+    return out
+
+
+@pytest.mark.parametrize("mode", list(bench.MODES))
+def test_a_run_decodes_every_token_and_times_its_join_step(bundle, results, mode):
+    r = bench.run(bundle, results, mode, 6)
+    assert r["tokens"] == 3 * 6
+    assert r["steps"] == (5 if not bench.MODES[mode] else 7)  # joining: the last stream joins two steps late
+    assert 0 < r["join_s"] < r["wall_s"] and r["cpu_s"] > 0
+    pooled = bench.pooled([r])
+    assert pooled["tokens_per_s"] == pytest.approx(18 / r["wall_s"])
+    assert pooled["steady_ms"] == pytest.approx((r["wall_s"] - r["join_s"]) / (r["steps"] - 1) * 1e3)
+
+
+def test_summary_is_batched_over_the_same_requests_alone():
+    def side(tps: float, ms: float) -> dict:
+        return {"tokens_per_s": tps, "tokens_per_cpu_s": tps * 1.1, "steady_ms": ms, "join_ms": 1.0}
+
+    turns = [(side(8000, 2.0), side(900, 1.1)), (side(6000, 2.5), side(1000, 1.0)), (side(7000, 2.2), side(800, 1.2))]
+    s = bench.summary(turns, 16)
+    assert s["x_least"] == pytest.approx(8000 / 1000)  # each side's best turn
+    assert s["x_median"] == pytest.approx(7000 / 900)
+    assert s["x_turns_median"] == pytest.approx(7000 / 800)  # per turn: 8000/900, 6000/1000, 7000/800
+    assert s["x_steady_least"] == pytest.approx(16 * 1.0 / 2.0)
+    assert s["x_steady_median"] == pytest.approx(16 * 1.1 / 2.2)
