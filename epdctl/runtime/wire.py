@@ -6,9 +6,10 @@ decoding garbage into a plausible-looking (and silently wrong) answer.
 
 The checksum is XXH3-64 (PyPI ``xxhash``): measured on the 2-core CI machine it hashes 48 GB/s
 against zlib.crc32's 7, crc32c's (hardware CRC32C) 23 and a memcpy's 27, so checking costs
-less than a copy (benchmarks/bench_transfer.py prints the comparison); large buffers are hashed
-by native_copy.py's C loop (same values, without the GIL) where the host builds it. Received tensors are
-views into the received buffers when those are writable and aligned: no copy after the wire.
+less than a copy (benchmarks/bench_transfer.py prints the comparison); buffers of 32 MiB or more
+are hashed by native_copy.py's C loop (same values, without the GIL) where the host builds it.
+Received tensors are views into the received buffers when those are writable and aligned: no
+copy after the wire.
 """
 
 from __future__ import annotations
@@ -34,16 +35,13 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
 Frame = bytes | memoryview
 
 
-NATIVE_HASH_BYTES = 64 << 10  # larger buffers are hashed in C without the GIL (native_copy.py), same value
-
-
 def checksum(buf: Frame) -> int:
     """XXH3-64 of ``buf`` (any contiguous buffer)."""
     n = memoryview(buf).nbytes
-    dll = native_copy.library() if n >= NATIVE_HASH_BYTES else None
+    dll = native_copy.library() if n >= max(native_copy.NOGIL_HASH_BYTES, native_copy.MIN_BYTES) else None
     if dll is None:
         return xxhash.xxh3_64_intdigest(buf)
-    return native_copy.copy_hash(dll, [native_copy.address(buf)], None, [n])
+    return native_copy.hash_one(dll, buf, n)
 
 
 _NAMES = {d: n for n, d in _DTYPES.items()}

@@ -14,7 +14,7 @@ import pytest
 import torch
 import xxhash
 
-from epdctl.runtime import native_copy
+from epdctl.runtime import native_build, native_copy
 from epdctl.runtime.errors import TransferError
 from epdctl.runtime.transports import parts, spans
 from epdctl.runtime.wire import checksum, describe, layout
@@ -44,10 +44,21 @@ def _cut(rng: np.random.Generator, total: int, pieces: int) -> list[np.ndarray]:
     return [np.ascontiguousarray(p) for p in np.split(data, cuts)]
 
 
-def test_equals_xxhash_and_copies_exactly_for_any_cut():
+def _avx2_only():
+    """The AVX2 loop, built even on an AVX-512 host (None where the host has no AVX2)."""
+    if "avx2" not in native_build.cpu_id():
+        return None
+    return native_copy._build(native_copy.FLAGS + ("-mno-avx512f",))
+
+
+@pytest.mark.parametrize("variant", ["host", "avx2"])
+def test_equals_xxhash_and_copies_exactly_for_any_cut(variant):
     """Every length class of XXH3's long input (a partial last stripe, whole stripes, a block edge
-    at 1,024 bytes, many blocks), pieces that end mid-stripe, empty pieces, hash-only."""
-    dll, rng = _dll(), np.random.default_rng(7)
+    at 1,024 bytes, many blocks), pieces that end mid-stripe, empty pieces, hash-only; with the
+    loop the host builds and with the AVX2 one."""
+    dll, rng = _dll() if variant == "host" else _avx2_only(), np.random.default_rng(7)
+    if dll is None:
+        pytest.skip("no AVX2 on this host")
     lengths = [241, 255, 256, 257, 319, 320, 1023, 1024, 1025, 1088, 2047, 4096 + 63, 65_536, 1_000_003]
     lengths += [int(n) for n in rng.integers(241, 20_000, 40)]
     for total in lengths:
@@ -63,7 +74,10 @@ def test_equals_xxhash_and_copies_exactly_for_any_cut():
             assert hashed == want
 
 
-def test_short_inputs_go_to_xxhash_and_every_entry_point_agrees():
+@pytest.mark.parametrize("nogil_bytes", [0, native_copy.NOGIL_HASH_BYTES])
+def test_short_inputs_go_to_xxhash_and_every_entry_point_agrees(monkeypatch, nogil_bytes):
+    """checksum() and span_sum() give XXH3-64 whether C (large buffers) or xxhash hashes."""
+    monkeypatch.setattr(native_copy, "NOGIL_HASH_BYTES", nogil_bytes)
     dll = _dll()
     with pytest.raises(ValueError, match="241"):
         native_copy.copy_hash(dll, [0], None, [240])
@@ -119,6 +133,7 @@ def test_an_end_without_the_library_verifies_the_other(monkeypatch, use_shm, rec
     shared memory: whole messages arrive; a byte changed after the sender's (fused or fallback)
     copy and hash fails both ends."""
     _dll()
+    monkeypatch.setattr(native_copy, "NOGIL_HASH_BYTES", 0)  # every check of the native end in C
     _receiver_without_library(monkeypatch, receiver_native)
     g = torch.Generator().manual_seed(5)
     tensors = {f"t{i}": torch.randn(40_000 + i, generator=g) for i in range(6)} | {"big": torch.randn(300_000)}

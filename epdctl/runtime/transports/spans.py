@@ -6,8 +6,8 @@ so the same value describes a socket frame, a run in a shared segment, or one te
 memory (a part of one tensor: exactly its bytes). The sender copies and hashes in one pass
 (``native_copy.py``: each 64-byte stripe read once, stored and hashed, in C without the GIL;
 where it does not build, numpy copies and xxhash hashes each piece right after, in cache); the
-two give the same value, so either end may run either. The receiver hashes the span's tensors in one streaming
-pass and makes every tensor a view of it. For a 16 MiB KV message (56 tensors) that is one
+two give the same value, so either end may run either. The receiver hashes the span's tensors
+in one streaming pass and makes every tensor a view of it. For a 16 MiB KV message (56 tensors) that is one
 digest per part instead of 56, and the receiver's per-tensor dtype and shape checks run once
 per message (``plan``), not per part.
 """
@@ -56,12 +56,12 @@ def write_span(bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray, first
 
 
 def span_sum(buf: memoryview, offsets: Sequence[int], lengths: Sequence[int]) -> int:
-    """The part checksum of tensors at ``offsets`` (relative to ``buf``) of ``lengths`` bytes (in C,
-    without the GIL, where native_copy.py builds)."""
+    """The part checksum of tensors at ``offsets`` (relative to ``buf``) of ``lengths`` bytes (a
+    large part in C without the GIL, where native_copy.py builds; else xxhash, faster)."""
     if any(off < 0 or off + n > buf.nbytes for off, n in zip(offsets, lengths)):
         raise TransferError(f"part of {buf.nbytes} bytes is shorter than its layout")
-    dll = native_copy.library()
-    if dll is not None and sum(lengths) >= native_copy.MIN_BYTES:
+    dll = native_copy.library() if sum(lengths) >= max(native_copy.NOGIL_HASH_BYTES, native_copy.MIN_BYTES) else None
+    if dll is not None:
         base = native_copy.address(buf)
         return native_copy.copy_hash(dll, [base + off for off in offsets], None, list(lengths))
     h = xxhash.xxh3_64()
