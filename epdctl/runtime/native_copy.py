@@ -19,6 +19,10 @@ a numpy copy's 0.52 (numpy copy then xxhash: ~0.75-0.8). Hashing alone it is no 
 python ``xxhash`` (256 KiB: 3.8 against 2.1 us; 16 MiB: 0.26 against 0.22 ms), so checks use it
 only where releasing the GIL matters: buffers of ``NOGIL_HASH_BYTES`` or more, which the
 receiver verifies in a worker thread (transports/base.py) while its event loop keeps serving.
+The same sizes decide whether a call releases the GIL (ctypes.CDLL) or keeps it (PyDLL): a
+shorter call runs on the event loop's thread, where handing the GIL to another thread (pyzmq's
+frame collector) for a few microseconds risks getting it back only after that thread's next
+time slice on a busy host.
 """
 
 from __future__ import annotations
@@ -202,10 +206,13 @@ _ARGTYPES: list[Any] = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes
 
 def _build(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
     dll = native_build.build("copy_xxh3", SOURCE, flags, (), native_build.cpu_id())
-    dll.epd_copy_xxh3.argtypes = _ARGTYPES
-    dll.epd_copy_xxh3.restype = ctypes.c_uint64
+    held = ctypes.PyDLL(dll._name)  # the same library, called keeping the GIL
+    for lib in (dll, held):
+        lib.epd_copy_xxh3.argtypes = _ARGTYPES
+        lib.epd_copy_xxh3.restype = ctypes.c_uint64
     dll.epd_xxh3.argtypes = [ctypes.c_uint64, ctypes.c_int64]
     dll.epd_xxh3.restype = ctypes.c_uint64
+    setattr(dll, "held_copy_xxh3", held.epd_copy_xxh3)
     return dll
 
 
@@ -251,4 +258,7 @@ def copy_hash(dll: ctypes.CDLL, src: list[int], dst: list[int] | None, lengths: 
         raise ValueError(f"native XXH3 takes inputs of {MIN_BYTES}+ bytes (got {sum(lengths)})")
     arrays = (ctypes.c_uint64 * n)(*src), (ctypes.c_int64 * n)(*lengths)
     out = (ctypes.c_uint64 * n)(*dst) if dst is not None else None
-    return int(dll.epd_copy_xxh3(n, arrays[0], out, arrays[1]))
+    # a short call keeps the GIL: another thread that took it meanwhile (pyzmq's frame collector)
+    # could hold it, preempted on a busy host, long after the call returned
+    fn = dll.epd_copy_xxh3 if sum(lengths) >= NOGIL_HASH_BYTES else getattr(dll, "held_copy_xxh3", dll.epd_copy_xxh3)
+    return int(fn(n, arrays[0], out, arrays[1]))
