@@ -193,3 +193,17 @@ def test_disabled_or_no_compiler_or_failed_build_falls_back(fresh, monkeypatch, 
     with caplog.at_level(logging.INFO, logger=native_copy.__name__):
         assert native_copy.library() is None
     assert "is not private" in caplog.text
+
+
+def test_the_copy_bench_times_every_variant_and_restores_the_library():
+    """benchmarks/bench_copy_hash.py: each variant timed on a real KV message, the library put back."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_copy_hash
+
+    dll = _dll()
+    got = bench_copy_hash.measure(1, 2, 1)
+    assert set(got) == {"numpy copy, then xxhash", "memcpy (no checksum)", "receiver's check", "fused copy + XXH3 (C)"}
+    assert all(0 < best <= median for best, median in got.values())
+    assert native_copy.library() is dll

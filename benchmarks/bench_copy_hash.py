@@ -1,0 +1,103 @@
+"""The sender's half of a checked hand-off, in one process: copy a KV message into a wire buffer
+and checksum it, as the transports do (``transports/spans.write_span``, parts of ~2 MiB).
+
+Measured, not asserted. Side by side in one run, rounds alternated so the host's load hits
+each alike: numpy copy then xxhash per cached piece (the fallback), the fused C loop
+(``native_copy.py``: each stripe read once, stored and hashed), a plain numpy memcpy of the
+same tensors into the same buffer (no checksum), and the receiver's check of the written parts
+(``spans.span_sum``, xxhash). Best and median of the repetitions, ms.
+
+    .venv/bin/python benchmarks/bench_copy_hash.py [--kv 16] [--reps 40] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_transfer import kv_payload  # noqa: E402
+from epdctl.runtime import native_copy  # noqa: E402
+from epdctl.runtime.transports import spans  # noqa: E402
+from epdctl.runtime.transports.parts import PART_BYTES, split  # noqa: E402
+from epdctl.runtime.wire import describe, layout  # noqa: E402
+
+
+def times(fn: Callable[[], object], reps: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def measure(mib: float, reps: int, rounds: int) -> dict[str, tuple[float, float]]:
+    """{variant: (best ms, median ms)} for a KV message of ``mib`` MiB."""
+    header, bufs = describe({}, kv_payload(mib))
+    offsets, total = layout(header["tensors"])
+    cuts = split(header["tensors"], offsets, total, PART_BYTES)
+    dst = np.zeros(total, np.uint8)
+    lengths = [b.nbytes for b in bufs]
+    srcs = [np.frombuffer(b, np.uint8) for b in bufs]
+    dll = native_copy.library()
+
+    def write(native: bool) -> Callable[[], object]:
+        def run() -> None:
+            native_copy._state["dll"] = dll if native else None
+            for first, last in cuts:
+                spans.write_span(bufs, offsets, dst, first, last)
+        return run
+
+    def memcpy() -> None:
+        for s, off in zip(srcs, offsets):
+            dst[off:off + s.nbytes] = s
+
+    def check() -> None:
+        for first, last in cuts:
+            base = offsets[first]
+            spans.span_sum(memoryview(dst)[base:], [o - base for o in offsets[first:last]], lengths[first:last])
+
+    variants = {"numpy copy, then xxhash": write(False), "memcpy (no checksum)": memcpy, "receiver's check": check}
+    if dll is not None:
+        variants["fused copy + XXH3 (C)"] = write(True)
+    got: dict[str, list[float]] = {k: [] for k in variants}
+    try:
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                got[name] += times(fn, reps)
+    finally:
+        native_copy._state["dll"] = dll
+    return {k: (min(v) * 1e3, statistics.median(v) * 1e3) for k, v in got.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kv", type=float, default=16, help="KV message size, MiB")
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    res = measure(args.kv, args.reps, args.rounds)
+    print(f"KV {args.kv:g} MiB, parts of {PART_BYTES >> 20} MiB, load {os.getloadavg()[0]:.2f}; ms best / median:")
+    for name, (best, med) in res.items():
+        print(f"  {name:28s} {best:7.3f} / {med:7.3f}")
+    fused = res.get("fused copy + XXH3 (C)")
+    if fused:
+        ref = res["numpy copy, then xxhash"]
+        print(f"fused / numpy+xxhash: {fused[0] / ref[0]:.2f} (best), {fused[1] / ref[1]:.2f} (median); "
+              f"fused / memcpy: {fused[0] / res['memcpy (no checksum)'][0]:.2f} (best)")
+
+
+if __name__ == "__main__":
+    main()
