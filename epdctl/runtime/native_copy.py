@@ -4,7 +4,7 @@ Why: the sender of a checked hand-off copies each tensor into the wire buffer (a
 shared segment) and hashes it. Done as a numpy copy and then python ``xxhash`` over each cached
 piece, that is two passes in series (~1.0 ms for 16 MiB against a 0.56 ms memcpy), and
 ``xxhash`` holds the GIL. Here every 64-byte stripe is loaded once, stored to the destination
-and folded into the hash, in one loop that ctypes calls without the GIL.
+and folded into the hash, in one loop called through ctypes (without the GIL for large inputs).
 
 What: the checksum is XXH3-64 with the default secret and seed, the same value python ``xxhash``
 gives for the concatenation of the pieces (``xxh3_64_intdigest``), so the wire format does not
@@ -12,10 +12,11 @@ change: a receiver without this library (no compiler, ``EPDCTL_NATIVE_COPY=0``, 
 verifies a native sender's parts with ``xxhash``, and the other way round. Only inputs of more
 than 240 bytes take the C path (XXH3's long-input algorithm, a few dozen lines); shorter ones
 and every fallback use ``xxhash``. The loop is AVX-512 or AVX2 (x86 hosts); elsewhere it does
-not build and numpy + xxhash run (a plain-C loop measured 3.6x slower than xxhash's own SIMD).
+not build and numpy + xxhash run (a plain-C loop measured about 4x slower than xxhash's own SIMD).
 
-Where it pays (AMD EPYC, 2 cores, -march=native AVX-512): copy + hash of 16 MiB 0.58 ms against
-a numpy copy's 0.52 (numpy copy then xxhash: ~0.75-0.8). Hashing alone it is no faster than
+Where it pays (AMD EPYC, 2 cores, -march=native AVX-512): copy + hash of one 16 MiB buffer 0.58
+ms against a numpy copy's 0.52; of a 16 MiB KV message in 2 MiB parts 0.72-0.81 against 0.80-0.85
+for numpy copy then xxhash (benchmarks/bench_copy_hash.py). Hashing alone it is no faster than
 python ``xxhash`` (256 KiB: 3.8 against 2.1 us; 16 MiB: 0.26 against 0.22 ms), so checks use it
 only where releasing the GIL matters: buffers of ``NOGIL_HASH_BYTES`` or more, which the
 receiver verifies in a worker thread (transports/base.py) while its event loop keeps serving.
