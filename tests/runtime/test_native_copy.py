@@ -88,16 +88,23 @@ def test_short_inputs_go_to_xxhash_and_every_entry_point_agrees(monkeypatch, nog
         assert spans.span_sum(memoryview(buf), [0], [n]) == xxhash.xxh3_64_intdigest(buf.tobytes())
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_write_span_same_bytes_and_checksum_either_way(monkeypatch, native):
+@pytest.mark.parametrize("native, stream, shift", [(True, False, 0), (False, False, 0), (True, True, 0),
+                                                   (True, True, 8), (False, True, 0)])
+def test_write_span_same_bytes_and_checksum_either_way(monkeypatch, native, stream, shift):
+    """The C loop and the fallback write the same bytes and checksum; with ``stream`` the C loop
+    stores non-temporally where a destination is 64-byte aligned (``shift``: none is) and
+    plainly elsewhere: same bytes either way."""
     tensors = {"a": torch.randn(1001), "b": torch.arange(7, dtype=torch.int64), "c": torch.randn(33, 9).bfloat16(),
                "d": torch.empty(0), "e": torch.randn(65_000)}
     if not native:
         monkeypatch.setattr(native_copy, "_state", {"dll": None})
     header, bufs = describe({}, tensors)
     offsets, total = layout(header["tensors"])
-    dst = np.zeros(total, np.uint8)
-    digest, lengths = spans.write_span(bufs, offsets, dst, 0, len(bufs))
+    room = np.zeros(total + 128, np.uint8)
+    start = -room.ctypes.data % 64 + shift
+    dst = room[start:start + total]
+    digest, lengths = spans.write_span(bufs, offsets, dst, 0, len(bufs), stream)
+    assert not room[:start].any() and not room[start + total:].any()
     assert lengths == [b.nbytes for b in bufs]
     assert digest == xxhash.xxh3_64_intdigest(b"".join(bytes(b) for b in bufs))
     for b, off in zip(bufs, offsets):
@@ -139,8 +146,8 @@ def test_an_end_without_the_library_verifies_the_other(monkeypatch, use_shm, rec
     tensors = {f"t{i}": torch.randn(40_000 + i, generator=g) for i in range(6)} | {"big": torch.randn(300_000)}
     real_call = parts.TensorWriter.__call__
 
-    def damaged(self, dst, first, last):
-        out = real_call(self, dst, first, last)
+    def damaged(self, dst, first, last, stream=False):
+        out = real_call(self, dst, first, last, stream)
         if last == len(self.bufs) - 1 or (last == len(self.bufs) and last - first > 1):  # a later part, hashed
             dst[self.offsets[last - 1] + 3] ^= 0x40
         return out
@@ -204,6 +211,7 @@ def test_the_copy_bench_times_every_variant_and_restores_the_library():
 
     dll = _dll()
     got = bench_copy_hash.measure(1, 2, 1)
-    assert set(got) == {"numpy copy, then xxhash", "memcpy (no checksum)", "receiver's check", "fused copy + XXH3 (C)"}
+    assert set(got) == {"numpy copy, then xxhash", "memcpy (no checksum)", "receiver's check", "fused copy + XXH3 (C)",
+                        "fused, non-temporal stores"}
     assert all(0 < best <= median for best, median in got.values())
     assert native_copy.library() is dll

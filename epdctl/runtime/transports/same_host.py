@@ -113,7 +113,7 @@ async def _hand_over(t: "ZmqTransport", endpoint: str, msg: "_Outgoing", cuts: l
         msg.lengths = []
         for i, (first, last) in enumerate(cuts):
             start, end = span(msg.offsets, msg.total, first, last)
-            sums, written = await t._write_part(msg.write, whole, first, last, end - start)
+            sums, written = await t._write_part(msg.write, whole, first, last, end - start, stream=True)
             msg.lengths.extend(written)
             ctrl.publish(i, part_header(first, sums, written))
             if rung:  # wakes a receiver that sleeps between parts (a cheap read if it polls)
