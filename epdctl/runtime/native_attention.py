@@ -7,10 +7,8 @@ writes the output in the layout the o_proj reads. A second function writes the s
 into the slots (kv_slots.SlotCache), a third takes the argmax of all-greedy steps (sampling.py).
 
 How: the C source below is compiled with the host's ``cc`` (-O3 -march=native, vectorised exp
-via glibc's libmvec) into a per-user cache (``$XDG_CACHE_HOME/epdctl`` or ``~/.cache/epdctl``,
-mode 0700, named by a hash of source, flags and the CPU (-march=native code must not be loaded
-on another model of CPU sharing the home folder); written to a temporary name, then renamed, so
-concurrent workers never load half a file) and called through ctypes. No compiler, a failed
+via glibc's libmvec) into a private per-user cache (native_build.py: named by a hash of source,
+flags and the CPU, written under a temporary name, then renamed) and called through ctypes. No compiler, a failed
 build or ``EPDCTL_NATIVE_ATTENTION=0`` leaves ``kernel()`` None and the torch path in
 slot_attention.py runs instead (same tokens: the engine's tests compare both with each sequence
 decoded alone). fp32 only; other dtypes take the torch path.
@@ -19,18 +17,16 @@ decoded alone). fp32 only; other dtypes take the torch path.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from . import native_build
+from .native_build import cpu_id
 
 log = logging.getLogger(__name__)
 
@@ -204,43 +200,9 @@ _ARGTYPES: list[Any] = [_I64, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _I64, _P
 _WRITE_ARGTYPES: list[Any] = [_I64, _I64, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _PTR]
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folder = Path(base) / "epdctl"
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = folder.stat()  # a library loaded from here runs in this process: only we may write it
-    if st.st_uid != os.getuid() or st.st_mode & 0o022:
-        raise OSError(f"{folder} is not private (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o}); "
-                      "chmod 700 it or set XDG_CACHE_HOME")
-    return folder
-
-
-def cpu_id() -> str:
-    """The CPU's model and feature flags (what -march=native compiles for), as /proc/cpuinfo has them."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
-    except OSError:
-        return platform.machine() + platform.processor()
-    keys = ("model name", "flags", "features", "cpu part", "cpu implementer")
-    return "\n".join(sorted({line.strip() for line in lines if line.split(":")[0].strip().lower() in keys}))
-
-
 def _build() -> ctypes.CDLL:
-    cc = shutil.which(os.environ.get("CC", "cc"))
-    if cc is None:
-        raise OSError("no C compiler (cc) on PATH")
-    tag = hashlib.sha256("\0".join((SOURCE, cc, *FLAGS, *LIBS, cpu_id())).encode()).hexdigest()[:16]
-    lib = _cache_dir() / f"slot_attention-{tag}.so"
-    if not lib.is_file():
-        with tempfile.TemporaryDirectory(dir=lib.parent) as tmp:
-            src, obj, out = (Path(tmp) / f"slot_attention.{ext}" for ext in ("c", "o", "so"))
-            src.write_text(SOURCE)
-            for argv in ([cc, *FLAGS, "-c", str(src), "-o", str(obj)], [cc, "-shared", str(obj), "-o", str(out), *LIBS]):
-                done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-                if done.returncode:
-                    raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
-            os.replace(out, lib)
-    dll = ctypes.CDLL(str(lib))
+    # cpu_id is looked up here (tests stand in another CPU by replacing this module's name)
+    dll = native_build.build("slot_attention", SOURCE, FLAGS, LIBS, cpu_id())
     dll.epd_slot_attention_f32.argtypes = _ARGTYPES
     dll.epd_slot_attention_f32.restype = ctypes.c_int
     dll.epd_slot_write_f32.argtypes = _WRITE_ARGTYPES
