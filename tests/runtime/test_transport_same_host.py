@@ -149,11 +149,11 @@ SENDER = textwrap.dedent("""
     write = ZmqTransport._write_part
     calls = []
 
-    async def dying(w, dst, first, last, n, stream=False):
+    async def dying(w, dst, first, last, n):
         calls.append(first)
         if len(calls) == 3:  # two parts written and published: die without a word
             os.kill(os.getpid(), signal.SIGKILL)
-        return await write(w, dst, first, last, n, stream)
+        return await write(w, dst, first, last, n)
     ZmqTransport._write_part = staticmethod(dying)
 
     async def main():

@@ -57,9 +57,8 @@ Sums = int | list[int]  # one checksum for the part's span (spans.py), or one pe
 
 
 class Writer(Protocol):
-    def __call__(self, dst: np.ndarray, first: int, last: int, stream: bool = False) -> tuple[Sums, list[int]]:
-        """Write tensors [first, last) at their offsets in ``dst`` (``stream``: a shared segment
-        another process reads next); their checksum(s) and lengths."""
+    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[Sums, list[int]]:
+        """Write tensors [first, last) at their offsets in ``dst``; their checksum(s) and lengths."""
 
     def direct(self, i: int) -> tuple[Frame, int, int]:
         """Tensor ``i`` as it is (no copy): its bytes, checksum and length."""
@@ -72,8 +71,8 @@ class TensorWriter:
     def __init__(self, table: list[dict], bufs: Sequence[memoryview], offsets: list[int]):
         self.table, self.bufs, self.offsets = table, bufs, offsets
 
-    def __call__(self, dst: np.ndarray, first: int, last: int, stream: bool = False) -> tuple[Sums, list[int]]:
-        return write_span(self.bufs, self.offsets, dst, first, last, stream)
+    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[Sums, list[int]]:
+        return write_span(self.bufs, self.offsets, dst, first, last)
 
     def direct(self, i: int) -> tuple[Frame, int, int]:
         return self.bufs[i], checksum(self.bufs[i]), self.bufs[i].nbytes
@@ -87,7 +86,7 @@ class FrameWriter:
     def __init__(self, table: list[dict], bufs: Sequence[Frame], offsets: list[int], total: int):
         self.table, self.bufs, self.offsets, self.ends = table, bufs, offsets, offsets[1:] + [total]
 
-    def __call__(self, dst: np.ndarray, first: int, last: int, stream: bool = False) -> tuple[Sums, list[int]]:
+    def __call__(self, dst: np.ndarray, first: int, last: int) -> tuple[Sums, list[int]]:
         lengths = []
         for i in range(first, last):
             if i >= len(self.bufs):

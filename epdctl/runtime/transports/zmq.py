@@ -122,13 +122,12 @@ class ZmqTransport(Endpoint):
         return sent
 
     @staticmethod
-    async def _write_part(write: Writer, dst: np.ndarray, first: int, last: int, nbytes: int,
-                          stream: bool = False) -> tuple[Sums, list[int]]:
-        """Copy and hash one part (in a thread when it is large, so the event loop keeps serving);
-        ``stream``: into a shared segment another process reads next."""
+    async def _write_part(write: Writer, dst: np.ndarray, first: int, last: int,
+                          nbytes: int) -> tuple[Sums, list[int]]:
+        """Copy and hash one part (in a thread when it is large, so the event loop keeps serving)."""
         if nbytes >= _THREAD_BYTES:
-            return await asyncio.to_thread(write, dst, first, last, stream)
-        return write(dst, first, last, stream)
+            return await asyncio.to_thread(write, dst, first, last)
+        return write(dst, first, last)
 
     async def _send_socket(self, peer: str, msg: "_Outgoing") -> list[int]:
         """Parts of ~``part_bytes``, each its own message (BLOBPART; the last BLOB, answered) sent
