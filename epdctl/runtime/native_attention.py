@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,15 +215,7 @@ _state: dict[str, object] = {}
 
 def kernel() -> ctypes.CDLL | None:
     """The built library, or None (disabled, no compiler, or the build failed: logged once)."""
-    if "dll" not in _state:
-        dll = None
-        if os.environ.get("EPDCTL_NATIVE_ATTENTION", "1") != "0":
-            try:
-                dll = _build()
-            except (OSError, subprocess.SubprocessError) as exc:
-                log.info("native decode attention unavailable (%s); using torch's", exc)
-        _state["dll"] = dll
-    return _state["dll"]  # type: ignore[return-value]
+    return native_build.load_once(_state, "EPDCTL_NATIVE_ATTENTION", _build, log, "torch's attention")
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def cache_dir() -> Path:
@@ -64,3 +65,19 @@ def build(name: str, source: str, flags: Sequence[str], libs: Sequence[str], cpu
                     raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
             os.replace(out, lib)
     return ctypes.CDLL(str(lib))
+
+
+def load_once(state: dict[str, object], switch: str, make: Callable[[], ctypes.CDLL],
+              log: logging.Logger, instead: str) -> ctypes.CDLL | None:
+    """``make()``'s library, built once per process and kept in ``state``; None when the
+    environment variable ``switch`` is "0" or the build fails (logged once on ``log``, saying
+    that ``instead`` runs)."""
+    if "dll" not in state:
+        dll = None
+        if os.environ.get(switch, "1") != "0":
+            try:
+                dll = make()
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.info("%s unavailable (%s); using %s", log.name.rsplit(".", 1)[-1], exc, instead)
+        state["dll"] = dll
+    return state["dll"]  # type: ignore[return-value]

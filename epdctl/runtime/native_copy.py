@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import subprocess
 from typing import Any
 
 import numpy as np
@@ -229,15 +227,7 @@ _state: dict[str, object] = {}
 
 def library() -> ctypes.CDLL | None:
     """The built library, or None (disabled, no compiler, or the build failed: logged once)."""
-    if "dll" not in _state:
-        dll = None
-        if os.environ.get("EPDCTL_NATIVE_COPY", "1") != "0":
-            try:
-                dll = _build()
-            except (OSError, subprocess.SubprocessError) as exc:
-                log.info("native copy+checksum unavailable (%s); using numpy and xxhash", exc)
-        _state["dll"] = dll
-    return _state["dll"]  # type: ignore[return-value]
+    return native_build.load_once(_state, "EPDCTL_NATIVE_COPY", _build, log, "numpy and xxhash")
 
 
 def address(buf: Any) -> int:

@@ -14,22 +14,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import ab_decode_step as ab  # noqa: E402
 
-from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
-from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402
-from epdctl.runtime.prompt import build_prompt  # noqa: E402
-from epdctl.runtime.sampling import SamplingParams  # noqa: E402
-from tiny_model import image_messages  # noqa: E402
+from tiny_model import prefilled  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results(bundle, images):
-    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
-    out = []
-    for i in range(2):
-        encoded = enc.encode(images[i:i + 1 + i])
-        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
-        out.append(pre.prefill(prompt, encoded, SamplingParams(max_tokens=4)))
-    return out
+    return prefilled(bundle, images, 2)
 
 
 @pytest.mark.parametrize("setting", ["torch", "native", "native+pool"])

@@ -13,22 +13,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_decode_batch as bench  # noqa: E402
 
-from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
-from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402
-from epdctl.runtime.prompt import build_prompt  # noqa: E402
-from epdctl.runtime.sampling import SamplingParams  # noqa: E402
-from tiny_model import image_messages  # noqa: E402
+from tiny_model import prefilled  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results(bundle, images):
-    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
-    out = []
-    for i in range(3):
-        encoded = enc.encode(images[i:i + 1 + i])
-        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
-        out.append(pre.prefill(prompt, encoded, SamplingParams(max_tokens=4)))
-    return out
+    return prefilled(bundle, images, 3)
 
 
 @pytest.mark.parametrize("mode", list(bench.MODES))

@@ -117,3 +117,19 @@ def decode_all(engine, results, params) -> dict[str, list[int]]:
         for sid, tok, _ in engine.step():
             tokens[sid].append(tok)
     return tokens
+
+
+def prefilled(bundle, images: list[bytes], n: int, max_tokens: int = 4) -> list:
+    """``n`` prefill results (request i of images[i:2i+1]: 1, 2, 3... images) for decode tests."""
+    from epdctl.runtime.encoder_engine import VisionEncoder
+    from epdctl.runtime.prefill_engine import LanguagePrefill
+    from epdctl.runtime.prompt import build_prompt
+    from epdctl.runtime.sampling import SamplingParams
+
+    enc, pre = VisionEncoder(bundle), LanguagePrefill(bundle)
+    out = []
+    for i in range(n):
+        encoded = enc.encode(images[i:i + 1 + i])
+        prompt = build_prompt(bundle, image_messages(len(encoded)), [e.grid_thw for e in encoded])
+        out.append(pre.prefill(prompt, encoded, SamplingParams(max_tokens=max_tokens)))
+    return out
