@@ -8,7 +8,7 @@ compiler, flags and the CPU (-march=native code must not be loaded on another mo
 sharing the home folder). It is compiled and linked in two steps (linking a shared library with
 -ffast-math adds crtfastmath.o, whose constructor would switch the whole process, torch too, to
 flush-to-zero), written under a temporary name and renamed, so concurrent workers never load half
-a file. Callers decide what a failure means (their pure-Python or torch path runs instead).
+a file; older builds beyond the newest few are removed. Callers decide what a failure means (their pure-Python or torch path runs instead).
 """
 
 from __future__ import annotations
@@ -64,7 +64,22 @@ def build(name: str, source: str, flags: Sequence[str], libs: Sequence[str], cpu
                 if done.returncode:
                     raise OSError(f"{cc} failed: {done.stderr.strip()[-500:]}")
             os.replace(out, lib)
+        prune(lib)
     return ctypes.CDLL(str(lib))
+
+
+KEEP = 4  # builds of one library kept: a few checkouts or CPU models may share the cache
+
+
+def prune(lib: Path) -> None:
+    """Remove all but the ``KEEP`` newest builds of ``lib``'s library (other sources, flags or
+    CPUs), so the cache does not grow with every change of the source. A process that loaded
+    one of them keeps its mapping; a checkout that needs it again builds it again."""
+    name = lib.name.rsplit("-", 1)[0]
+    builds = sorted(lib.parent.glob(f"{name}-*.so"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in builds[KEEP:]:
+        if old != lib:
+            old.unlink(missing_ok=True)
 
 
 def load_once(state: dict[str, object], switch: str, make: Callable[[], ctypes.CDLL],

@@ -4,6 +4,7 @@ same tokens as torch's path and as one-process generate(), and a clean fallback 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import stat
 
@@ -12,7 +13,7 @@ import torch
 from tiny_model import decode_all, image_messages, reference_generate
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from epdctl.runtime import native_attention
+from epdctl.runtime import native_attention, native_build
 from epdctl.runtime.decode_engine import DecodeEngine
 from epdctl.runtime.encoder_engine import VisionEncoder
 from epdctl.runtime.kv_slots import KVSlots, SlotCache
@@ -38,6 +39,25 @@ def fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(native_attention, "_state", {})
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     return tmp_path
+
+
+def test_a_new_build_prunes_all_but_the_newest_builds_of_its_library(fresh):
+    folder = fresh / "epdctl"
+    folder.mkdir(mode=0o700)
+    old = [folder / f"slot_attention-old{i}.so" for i in range(6)]
+    for i, path in enumerate(old):
+        path.write_bytes(b"stale")
+        os.utime(path, (1_000_000 + i, 1_000_000 + i))  # old5 is the newest of them
+    other = folder / "copy_xxh3-old.so"
+    other.write_bytes(b"another library")
+    os.utime(other, (1, 1))
+    assert kernel() is not None
+    left = sorted(p.name for p in folder.glob("slot_attention-*.so"))
+    new = [n for n in left if not n.startswith("slot_attention-old")]
+    assert len(new) == 1 and len(left) == native_build.KEEP
+    assert [n for n in left if n.startswith("slot_attention-old")] == [
+        f"slot_attention-old{i}.so" for i in (3, 4, 5)]
+    assert other.exists()  # another library's builds are its own to prune
 
 
 def test_builds_into_a_private_cache_once(fresh):
