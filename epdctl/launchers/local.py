@@ -3,9 +3,8 @@
 Why process groups: a worker may spawn helpers (smg starts threads, a runtime may fork), and
 `down` must take the whole tree; the supervisor (supervise.py) leads the group. Why the
 identity check: pids are reused and state files can be edited, and epdctl must never signal a
-process it did not start; a group is only signalled while some member of it was created at or
-after the recorded start of its leader AND carries the recorded ``EPDCTL_TOKEN`` marker.
-Pid files: ``clusters/<name>/run/<worker>.pid.json``, written by the supervisor.
+process it did not start; a group is only signalled while a member carries the recorded
+``EPDCTL_TOKEN``. Pid files: ``clusters/<name>/run/<worker>.pid.json`` (the supervisor's).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ from epdctl.state import Handle, ProcessRecord
 logger = logging.getLogger(__name__)
 _PYTHONS = {"python", "python3", sys.executable}
 # psutil's create_time is btime + ticks since boot, and btime (whole seconds) flips by one when
-# the clock is slewed: the same process may read a second earlier later on. Only members without
-# the token are judged by it; the token is the proof.
+# the clock is slewed. Only members without the token are judged by it.
 BTIME_SLACK_S = 1.05
 
 
@@ -247,12 +245,10 @@ class LocalLauncher:
 
     def _live(self, h: Handle, groups: dict[int, list[tuple[psutil.Process, float]]]
               ) -> list[psutil.Process]:
-        """Members of the handle's group that epdctl can prove it started: those carrying the
-        recorded token (inherited by every child), and those without it (a child that dropped
-        its environment) created no earlier than the recorded leader. The token, not the clock,
-        is the proof: psutil's create_time follows the wall clock (btime = now - uptime), so
-        after the clock is stepped back our own process reads as created before its record.
-        No token recorded, or no member carrying it (a reused pid, a forged record): none."""
+        """Members of the handle's group epdctl can prove it started: those carrying the recorded
+        token, and those without it (a child that dropped its environment) created no earlier
+        than the leader. The token, not create_time (wall clock: a step back makes our own
+        process look older than its record), is the proof; no member carrying it: none."""
         if not h.token or not isinstance(h.pgid, int) or h.pgid <= 0:
             return []
         members = groups.get(h.pgid, [])
