@@ -9,8 +9,7 @@ same tensors into the same buffer (no checksum), and the receiver's check of the
 
 ``--handoff shm|tcp``: whole hand-offs between two processes (the runtime's ZMQ transport, same-
 host shared memory or tcp), the sender switching the C loop on and off send by send (its
-receiver checks with xxhash either way; over shm also the C loop with plain instead of
-non-temporal stores): an A/B in one run, each send beside the others' neighbours, so a host
+receiver checks with xxhash either way): an A/B in one run, each send beside the others' neighbours, so a host
 whose load changes minute to minute hits every variant alike.
 
     .venv/bin/python benchmarks/bench_copy_hash.py [--kv 16] [--reps 40] [--rounds 3] [--handoff shm --sends 100]
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_transfer import kv_payload  # noqa: E402
 from epdctl.runtime import native_copy  # noqa: E402
-from epdctl.runtime.transports import open_transport, parts, spans  # noqa: E402
+from epdctl.runtime.transports import open_transport, spans  # noqa: E402
 from epdctl.runtime.transports.parts import PART_BYTES, split  # noqa: E402
 from epdctl.runtime.wire import describe, layout  # noqa: E402
 
@@ -62,11 +61,11 @@ def measure(mib: float, reps: int, rounds: int) -> dict[str, tuple[float, float]
     srcs = [np.frombuffer(b, np.uint8) for b in bufs]
     dll = native_copy.library()
 
-    def write(native: bool, stream: bool = False) -> Callable[[], object]:
+    def write(native: bool) -> Callable[[], object]:
         def run() -> None:
             native_copy._state["dll"] = dll if native else None
             for first, last in cuts:
-                spans.write_span(bufs, offsets, dst, first, last, stream)
+                spans.write_span(bufs, offsets, dst, first, last)
         return run
 
     def memcpy() -> None:
@@ -81,7 +80,6 @@ def measure(mib: float, reps: int, rounds: int) -> dict[str, tuple[float, float]
     variants = {"numpy copy, then xxhash": write(False), "memcpy (no checksum)": memcpy, "receiver's check": check}
     if dll is not None:
         variants["fused copy + XXH3 (C)"] = write(True)
-        variants["fused, non-temporal stores"] = write(True, True)  # (as into a shared segment)
     got: dict[str, list[float]] = {k: [] for k in variants}
     try:
         for _ in range(rounds):
@@ -109,24 +107,17 @@ async def _send(address: str, channel: str, mib: float, sends: int) -> dict[str,
     await t.start()
     tensors, dll = kv_payload(mib), native_copy.library()
     variants = ["fused copy + XXH3 (C)", "numpy copy, then xxhash"]
-    if channel == "shm":  # the C loop's non-temporal stores (what the shared-memory path asks for) off
-        variants.append("fused, plain stores")
     got: dict[str, list[float]] = {k: [] for k in variants}
-    real = parts.TensorWriter.__call__
     try:
         for i in range(sends):
             name = variants[i % len(variants)]
             native_copy._state["dll"] = None if name.startswith("numpy") else dll
-            plain = name == "fused, plain stores"
-            parts.TensorWriter.__call__ = (  # type: ignore[method-assign]
-                (lambda w, dst, first, last, stream=False: real(w, dst, first, last, False)) if plain else real)
             t0 = time.perf_counter()
             await t.send(address, f"k{i}", {}, tensors)
             if i >= len(variants):  # (the first round warms the connection and the lent segments)
                 got[name].append(time.perf_counter() - t0)
     finally:
         native_copy._state["dll"] = dll
-        parts.TensorWriter.__call__ = real  # type: ignore[method-assign]
         await t.close()
     return got
 

@@ -75,10 +75,9 @@ static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); re
 typedef __m512i Lanes;
 #define LOAD_LANES(acc) _mm512_loadu_si512(acc)
 #define STORE_LANES(acc, a) _mm512_storeu_si512(acc, a)
-static inline Lanes step(Lanes a, const uint8_t *src, uint8_t *dst, const uint8_t *sec, int nt) {
+static inline Lanes step(Lanes a, const uint8_t *src, uint8_t *dst, const uint8_t *sec) {
     const __m512i d = _mm512_loadu_si512(src);
-    if (dst && nt) _mm512_stream_si512((__m512i *)dst, d); /* (dst 64-byte aligned) */
-    else if (dst) _mm512_storeu_si512(dst, d);
+    if (dst) _mm512_storeu_si512(dst, d);
     const __m512i k = _mm512_xor_si512(d, _mm512_loadu_si512(sec));
     return _mm512_add_epi64(a, _mm512_add_epi64(_mm512_mul_epu32(k, _mm512_shuffle_epi32(k, (_MM_PERM_ENUM)0x31)),
                                                 _mm512_shuffle_epi32(d, (_MM_PERM_ENUM)0x4e)));
@@ -93,16 +92,15 @@ static inline Lanes scramble(Lanes a) {
 typedef struct { __m256i lo, hi; } Lanes;
 #define LOAD_LANES(acc) ((Lanes){_mm256_loadu_si256((const __m256i *)(acc)), _mm256_loadu_si256((const __m256i *)((acc) + 4))})
 #define STORE_LANES(acc, a) (_mm256_storeu_si256((__m256i *)(acc), (a).lo), _mm256_storeu_si256((__m256i *)((acc) + 4), (a).hi))
-static inline __m256i half(__m256i a, const uint8_t *src, uint8_t *dst, const uint8_t *sec, int nt) {
+static inline __m256i half(__m256i a, const uint8_t *src, uint8_t *dst, const uint8_t *sec) {
     const __m256i d = _mm256_loadu_si256((const __m256i *)src);
-    if (dst && nt) _mm256_stream_si256((__m256i *)dst, d);
-    else if (dst) _mm256_storeu_si256((__m256i *)dst, d);
+    if (dst) _mm256_storeu_si256((__m256i *)dst, d);
     const __m256i k = _mm256_xor_si256(d, _mm256_loadu_si256((const __m256i *)sec));
     return _mm256_add_epi64(a, _mm256_add_epi64(_mm256_mul_epu32(k, _mm256_shuffle_epi32(k, 0x31)),
                                                 _mm256_shuffle_epi32(d, 0x4e)));
 }
-static inline Lanes step(Lanes a, const uint8_t *src, uint8_t *dst, const uint8_t *sec, int nt) {
-    return (Lanes){half(a.lo, src, dst, sec, nt), half(a.hi, src + 32, dst ? dst + 32 : NULL, sec + 32, nt)};
+static inline Lanes step(Lanes a, const uint8_t *src, uint8_t *dst, const uint8_t *sec) {
+    return (Lanes){half(a.lo, src, dst, sec), half(a.hi, src + 32, dst ? dst + 32 : NULL, sec + 32)};
 }
 static inline __m256i scramble_half(__m256i a, const uint8_t *sec) {
     const __m256i prime = _mm256_set1_epi32((int)P32_1);
@@ -113,22 +111,18 @@ static inline __m256i scramble_half(__m256i a, const uint8_t *sec) {
 static inline Lanes scramble(Lanes a) { return (Lanes){scramble_half(a.lo, SECRET + 128), scramble_half(a.hi, SECRET + 160)}; }
 #endif
 
-/* n stripes of 64 bytes from src (each also stored to dst unless it is NULL; with nt, by
-   non-temporal stores, dst 64-byte aligned) into the lanes: the secret moves 8 bytes a stripe,
-   and the lanes are scrambled after every 16th (one block). */
-static void stripes(uint64_t *acc, int64_t *stripe, const uint8_t *src, uint8_t *dst, int64_t n, int nt) {
+/* n stripes of 64 bytes from src (each also stored to dst unless it is NULL) into the lanes:
+   the secret moves 8 bytes a stripe, and the lanes are scrambled after every 16th (one block). */
+static void stripes(uint64_t *acc, int64_t *stripe, const uint8_t *src, uint8_t *dst, int64_t n) {
     Lanes a = LOAD_LANES(acc);
     while (n > 0) {
         const int64_t at = *stripe % 16, k = n < 16 - at ? n : 16 - at;
         const uint8_t *sec = SECRET + 8 * at;
-        if (dst && nt) {
-            for (int64_t j = 0; j < k; j++) a = step(a, src + 64 * j, dst + 64 * j, sec + 8 * j, 1);
-            dst += 64 * k;
-        } else if (dst) {
-            for (int64_t j = 0; j < k; j++) a = step(a, src + 64 * j, dst + 64 * j, sec + 8 * j, 0);
+        if (dst) {
+            for (int64_t j = 0; j < k; j++) a = step(a, src + 64 * j, dst + 64 * j, sec + 8 * j);
             dst += 64 * k;
         } else {
-            for (int64_t j = 0; j < k; j++) a = step(a, src + 64 * j, NULL, sec + 8 * j, 0);
+            for (int64_t j = 0; j < k; j++) a = step(a, src + 64 * j, NULL, sec + 8 * j);
         }
         src += 64 * k;
         n -= k;
@@ -147,7 +141,7 @@ static uint64_t avalanche(uint64_t h) {
 /* XXH3-64 (default secret, seed 0) of the n pieces src[i] (len[i] bytes) taken in order, together
    more than 240 bytes; each piece is copied to dst[i] on the way unless dst is NULL. All but the
    last (partial or whole) stripe are folded in order; that one is always the input's last 64 bytes. */
-uint64_t epd_copy_xxh3(int64_t n, const uint64_t *src, const uint64_t *dst, const int64_t *len, int64_t stream) {
+uint64_t epd_copy_xxh3(int64_t n, const uint64_t *src, const uint64_t *dst, const int64_t *len) {
     uint64_t acc[8] __attribute__((aligned(64))) = {0xC2B2AE3DULL, P64_1, 0xC2B2AE3D27D4EB4FULL, 0x165667B19E3779F9ULL,
                        0x85EBCA77C2B2AE63ULL, 0x85EBCA77ULL, 0x27D4EB2F165667C5ULL, P32_1};
     int64_t total = 0, stripe = 0, pos = 0, fill = 0;
@@ -164,13 +158,13 @@ uint64_t epd_copy_xxh3(int64_t n, const uint64_t *src, const uint64_t *dst, cons
             memcpy(carry + fill, s, (size_t)head);
             fill += head;
             if (fill == 64) {
-                stripes(acc, &stripe, carry, NULL, 1, 0);
+                stripes(acc, &stripe, carry, NULL, 1);
                 fill = 0;
             }
         }
         if (!fill) {
             const int64_t k = (take - head) / 64;
-            stripes(acc, &stripe, s + head, d ? d + head : NULL, k, stream && !((uintptr_t)(d + head) & 63));
+            stripes(acc, &stripe, s + head, d ? d + head : NULL, k);
             fused = 64 * k;
             fill = take - head - fused;
             memcpy(carry, s + head + fused, (size_t)fill);
@@ -181,7 +175,6 @@ uint64_t epd_copy_xxh3(int64_t n, const uint64_t *src, const uint64_t *dst, cons
         }
         pos += m;
     }
-    if (stream) _mm_sfence(); /* the streamed stores are visible before the caller publishes the part */
     for (int64_t i = n - 1, need = 64; i >= 0 && need > 0; i--) { /* the last 64 bytes */
         const int64_t k = len[i] < need ? len[i] : need;
         memcpy(last + need - k, (const uint8_t *)(uintptr_t)src[i] + len[i] - k, (size_t)k);
@@ -201,13 +194,13 @@ uint64_t epd_copy_xxh3(int64_t n, const uint64_t *src, const uint64_t *dst, cons
 }
 
 /* XXH3-64 of one buffer (more than 240 bytes) */
-uint64_t epd_xxh3(uint64_t src, int64_t len) { return epd_copy_xxh3(1, &src, NULL, &len, 0); }
+uint64_t epd_xxh3(uint64_t src, int64_t len) { return epd_copy_xxh3(1, &src, NULL, &len); }
 """
 FLAGS = ("-O3", "-march=native", "-fPIC")
 MIN_BYTES = 241  # XXH3's long-input algorithm; shorter inputs are hashed by xxhash
 NOGIL_HASH_BYTES = 32 << 20  # checks of this many bytes hash here, without the GIL (smaller: xxhash, faster)
 _U64P = ctypes.POINTER(ctypes.c_uint64)
-_ARGTYPES: list[Any] = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+_ARGTYPES: list[Any] = [ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
 
 
 def _build(flags: tuple[str, ...] = FLAGS) -> ctypes.CDLL:
@@ -247,13 +240,12 @@ def hash_one(dll: ctypes.CDLL, buf: Any, nbytes: int) -> int:
     return int(dll.epd_xxh3(address(buf), nbytes))
 
 
-def copy_hash(dll: ctypes.CDLL, src: list[int], dst: list[int] | None, lengths: list[int], stream: bool = False) -> int:
+def copy_hash(dll: ctypes.CDLL, src: list[int], dst: list[int] | None, lengths: list[int]) -> int:
     """XXH3-64 of the pieces at addresses ``src`` (``lengths`` bytes each, in order, together more
     than 240 bytes), each copied to its address in ``dst`` on the way (None: hash only). The
-    caller keeps every buffer alive and each destination as large as its piece. ``stream``: write
-    64-byte aligned destinations with non-temporal stores (a shared segment that another process
-    reads next: the sender's cache is not filled with lines it will not read again, and no line
-    of the destination is read before it is written)."""
+    caller keeps every buffer alive and each destination as large as its piece. (Non-temporal
+    stores were measured and dropped: the receiver on the other core then reads the part from
+    memory, not the shared cache.)"""
     n = len(src)
     if sum(lengths) < MIN_BYTES:
         raise ValueError(f"native XXH3 takes inputs of {MIN_BYTES}+ bytes (got {sum(lengths)})")
@@ -262,4 +254,10 @@ def copy_hash(dll: ctypes.CDLL, src: list[int], dst: list[int] | None, lengths: 
     # a short call keeps the GIL: another thread that took it meanwhile (pyzmq's frame collector)
     # could hold it, preempted on a busy host, long after the call returned
     fn = dll.epd_copy_xxh3 if sum(lengths) >= NOGIL_HASH_BYTES else getattr(dll, "held_copy_xxh3", dll.epd_copy_xxh3)
-    return int(fn(n, arrays[0], out, arrays[1], int(stream)))
+    return int(fn(n, arrays[0], out, arrays[1]))
+
+
+def checker(nbytes: int) -> ctypes.CDLL | None:
+    """The library to check ``nbytes`` with, or None for xxhash: only checks large enough to be
+    worth running without the GIL (``NOGIL_HASH_BYTES``) use the C loop."""
+    return library() if nbytes >= max(NOGIL_HASH_BYTES, MIN_BYTES) else None

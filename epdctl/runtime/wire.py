@@ -38,7 +38,7 @@ Frame = bytes | memoryview
 def checksum(buf: Frame) -> int:
     """XXH3-64 of ``buf`` (any contiguous buffer)."""
     n = memoryview(buf).nbytes
-    dll = native_copy.library() if n >= max(native_copy.NOGIL_HASH_BYTES, native_copy.MIN_BYTES) else None
+    dll = native_copy.checker(n)
     if dll is None:
         return xxhash.xxh3_64_intdigest(buf)
     return native_copy.hash_one(dll, buf, n)

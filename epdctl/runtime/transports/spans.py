@@ -28,11 +28,10 @@ CHUNK = 512 * 1024  # copy, then hash, in pieces that stay in cache between the 
 
 
 def write_span(bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray, first: int,
-               last: int, stream: bool = False) -> tuple[int, list[int]]:
+               last: int) -> tuple[int, list[int]]:
     """Copy tensors ``first..last-1`` to their ``offsets`` in ``dst``, hashing the source as it is
     copied (one pass in C where native_copy.py builds, else numpy then xxhash per cached piece);
-    (the part's checksum, each tensor's length). ``stream``: the C loop writes with non-temporal
-    stores (for a shared segment another process reads next; measured 5-7 % faster hand-offs)."""
+    (the part's checksum, each tensor's length)."""
     lengths = [memoryview(bufs[i]).nbytes for i in range(first, last)]
     if last > first and offsets[last - 1] + lengths[-1] > dst.nbytes:
         raise TransferError(f"destination of {dst.nbytes} bytes is smaller than the part's layout")
@@ -40,7 +39,7 @@ def write_span(bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray, first
     if dll is not None and sum(lengths) >= native_copy.MIN_BYTES:
         base = native_copy.address(dst)
         return native_copy.copy_hash(dll, [native_copy.address(bufs[i]) for i in range(first, last)],
-                                     [base + offsets[i] for i in range(first, last)], lengths, stream), lengths
+                                     [base + offsets[i] for i in range(first, last)], lengths), lengths
     h = xxhash.xxh3_64()
     for i, n in zip(range(first, last), lengths):
         src = np.frombuffer(bufs[i], dtype=np.uint8)
@@ -61,7 +60,7 @@ def span_sum(buf: memoryview, offsets: Sequence[int], lengths: Sequence[int]) ->
     large part in C without the GIL, where native_copy.py builds; else xxhash, faster)."""
     if any(off < 0 or off + n > buf.nbytes for off, n in zip(offsets, lengths)):
         raise TransferError(f"part of {buf.nbytes} bytes is shorter than its layout")
-    dll = native_copy.library() if sum(lengths) >= max(native_copy.NOGIL_HASH_BYTES, native_copy.MIN_BYTES) else None
+    dll = native_copy.checker(sum(lengths))
     if dll is not None:
         base = native_copy.address(buf)
         return native_copy.copy_hash(dll, [base + off for off in offsets], None, list(lengths))
