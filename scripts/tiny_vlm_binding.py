@@ -25,7 +25,7 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from heldout_shapes import POSITIONS, ROOT, Drawn, draw_one, emit, text_at  # noqa: E402
+from heldout_shapes import POSITIONS, ROOT, Drawn, draw_one, emit, has_model, text_at  # noqa: E402
 from tiny_vlm_common import Loaded, answer, encode_request, load  # noqa: E402
 
 from epdctl.shapes import QUESTION, answer_for, parse_answer  # noqa: E402
@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=4242)
     p.add_argument("--out", default="", help="also write the JSON here")
     args = p.parse_args(argv)
+    if not has_model(args.model):
+        return 2
     torch.set_num_threads(1)
     ld = load(args.model)
     emit({"model": args.model, "seed": args.seed, "requests": args.requests,
