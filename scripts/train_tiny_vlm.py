@@ -33,7 +33,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_vlm_build import (SIDE_PIXELS, build_model, build_tokenizer,  # noqa: E402
                             load_init, make_image_processor, save)
-from tiny_vlm_bind import bind_loss, shape_queries, shape_token_ids  # noqa: E402
 from tiny_vlm_data import Batcher, count_for, evaluate_tf  # noqa: E402
 
 log = logging.getLogger("train_tiny_vlm")
@@ -72,17 +71,12 @@ def train(args: argparse.Namespace) -> None:
         log.info("saved random-init checkpoint to %s", out)
         return
     batcher = Batcher(tok, proc)
-    layers = [int(x) for x in args.bind_layers.split(",") if x]
-    shape_ids = shape_token_ids(tok) if args.bind_loss else set()
-    if args.bind_loss:
-        model.set_attn_implementation("eager")  # attention weights, with their gradients
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, betas=(0.9, 0.98))
     rng = random.Random(args.seed)
     t0, c0 = time.time(), time.process_time()
     model.train()
     history: list[dict[str, Any]] = []
-    ema: float | None = None
-    bind_ema: float | None = None
+    ema = None
     step = 0
     for step in range(1, args.steps + 1):
         lr = args.lr * min(1.0, step / args.warmup)
@@ -98,21 +92,14 @@ def train(args: argparse.Namespace) -> None:
         counts = [count_for(rng, step, args) for _ in range(args.batch * (2 if single else 1))]
         b = batcher.batch(rng, counts, plain_frac=0.15, style_frac=args.style_frac,
                           question_mix=args.question_mix, shared_colour=args.shared_colour)
-        fwd = model(**{k: v for k, v in b.items() if k != "items"}, output_attentions=bool(args.bind_loss))
-        loss = fwd.loss
-        if args.bind_loss:
-            queries = shape_queries(b["input_ids"], b["labels"], batcher.image_pad_id, shape_ids)
-            bl = bind_loss(fwd.attentions, queries, layers)
-            bind_ema = bl.item() if bind_ema is None else 0.95 * bind_ema + 0.05 * bl.item()
-            loss = loss + args.bind_loss * bl
+        loss = model(**{k: v for k, v in b.items() if k != "items"}).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if step % args.log_every == 0:
-            log.info("step %d loss %.4f%s lr %.2e wall %.0fs cpu %.0fs", step, ema,
-                     f" (bind {bind_ema:.3f})" if bind_ema is not None else "", lr,
+            log.info("step %d loss %.4f lr %.2e wall %.0fs cpu %.0fs", step, ema, lr,
                      time.time() - t0, time.process_time() - c0)
         last = step == args.steps or (args.time_limit and time.time() - t0 > args.time_limit)
         if step % args.eval_every == 0 or last:
@@ -173,10 +160,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-colour", type=float, default=0.0,
                    help="fraction of requests whose images share one or two colours (the model "
                         "must bind each answer line to its image, not find it by colour)")
-    p.add_argument("--bind-loss", type=float, default=0.0,
-                   help="weight of the auxiliary loss that asks a head of --bind-layers to look at "
-                        "image k where line k's shape is predicted (scripts/tiny_vlm_bind.py); 0 = off")
-    p.add_argument("--bind-layers", default="3", help="text layers the bind loss may use (comma list)")
     p.add_argument("--many-frac", type=float, default=0.0,
                    help="fraction of requests with 5-8 images (the rest 1..N as --ramp says)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
