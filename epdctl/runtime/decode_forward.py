@@ -10,7 +10,7 @@ process, alternated with the module path: a 1-row step 1.06 -> 0.58 ms, 2 rows 1
 rows 2.30 -> 1.23 (least of 300 steps; on this host the fused GEMMs give the same bits as the
 separate ones, and the logits equal the module path's: tests/runtime/test_decode_forward.py).
 
-It serves only what it was written for: Qwen2/Qwen2-VL-style text decoders (pre-norm, q/k/v/o
+It serves only what it was written for: Qwen2-VL text decoders (pre-norm, q/k/v/o
 projections, full attention, bias-free gated MLP) in fp32 with the native attention kernel, small
 enough that the fused weight copies stay under packed_gemm.MAX_COPY_BYTES (a real-size model's
 step is its GEMMs, not their wrapping). ``lean_for`` returns None for anything else, and the
@@ -124,7 +124,7 @@ def lean_for(lm: Any, lm_head: torch.nn.Linear, native: ctypes.CDLL | None, dtyp
     """A LeanForward for ``lm`` when it is a model this forward was written for; else None."""
     if native is None or dtype != torch.float32:
         return None
-    if type(lm).__name__ not in ("Qwen2VLTextModel", "Qwen2Model"):
+    if type(lm).__name__ != "Qwen2VLTextModel":  # M-RoPE positions [3, n, 1], as the engine passes
         return None
     cfg = lm.config
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []) \
