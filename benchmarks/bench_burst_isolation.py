@@ -248,8 +248,8 @@ def main() -> None:
         if args.trace is not None:
             (args.trace / f"{mode}-client.json").write_text(json.dumps(client))
     print(f"{'':24} {'EPD pinned':>12} {'colocated':>12}")
-    for key in ("tpot_p50_ms", "tpot_p99_ms", "tpot_p999_ms", "tpot_max_ms", "tpot_over_20ms", "tpot_1tok_p50_ms", "tpot_1tok_p99_ms",
-                "tpot_1tok_max_ms", "tpot_1tok_gaps", "burst_ttft_p50_ms", "burst_ttft_p99_ms",
+    for key in ("tpot_p50_ms", "tpot_p99_ms", "tpot_p999_ms", "tpot_max_ms", "tpot_over_20ms", "tpot_1tok_p50_ms",
+                "tpot_1tok_p99_ms", "tpot_1tok_max_ms", "tpot_1tok_gaps", "burst_ttft_p50_ms", "burst_ttft_p99_ms",
                 "tpot_gaps", "burst_requests", "error_count"):
         print(f"{key:24} {results['epd'][key]!s:>12} {results['colocated'][key]!s:>12}")
     print(f"{'steps per gap (share)':24} {results['epd']['steps_per_gap_share']} / "
