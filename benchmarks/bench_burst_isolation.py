@@ -8,7 +8,9 @@ burst of ``--burst-size`` requests with 8 images each arrives at once. Reported 
 streams' inter-token gaps (TPOT: between chunks with text) p50/p99/max, the same over the gaps
 before chunks that carry one token (``tpot_1tok``; a chunk after tokens that added no text, such
 as a multi-token character, spans several decode steps in both modes alike; the streams ask for
-``return_token_ids`` to tell them apart), and the bursts' TTFT p50/p99. Modes:
+``return_token_ids`` to tell them apart), the share of gaps spanning 1, 2, 3, 4+ steps (the top
+1 % of gaps are the 3-4-step ones in both modes), p99.9 and the gaps of 20 ms or more (a burst's
+stalls: a few per burst, well under 1 % of the gaps), and the bursts' TTFT p50/p99. Modes:
   EPD pinned: topologies/local.yaml with `cpus:` encoders and prefill on CPU 0, decode on CPU 1;
   colocated: topologies/local-colocated.yaml with `cpus: "0-1"` (the same two cores, shared).
 The router (smg) and this client are left unpinned by default (``--side-cpus none``; the bench
@@ -94,11 +96,12 @@ def pct(xs: list[float], p: float) -> float | None:
 
 
 async def stream(session, url: str, body: dict, stamps_out: list[list[float]] | None = None,
-                 one_token: list[float] | None = None) -> tuple[float | None, list[float]]:
+                 one_token: list[float] | None = None,
+                 spans: list[int] | None = None) -> tuple[float | None, list[float]]:
     """(TTFT, inter-token gaps) of one streamed answer, seconds; the token stamps appended to
     ``stamps_out`` when given, and to ``one_token`` the gaps before chunks that carry exactly one
     token (``return_token_ids``: a gap before a chunk of k tokens spans k decode steps, because
-    the k-1 before it added no text)."""
+    the k-1 before it added no text); to ``spans`` each gap's k."""
     t0 = time.perf_counter()
     stamps: list[float] = []
     ids: list[int] = []
@@ -118,6 +121,8 @@ async def stream(session, url: str, body: dict, stamps_out: list[list[float]] | 
         stamps_out.append(stamps)
     if one_token is not None:
         one_token.extend(g for g, n in zip(gaps, ids[1:]) if n == 1)
+    if spans is not None:
+        spans.extend(ids[1:])
     return (stamps[0] - t0 if stamps else None), gaps
 
 
@@ -129,6 +134,7 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
     burst_src = RequestSource(Workload(images={8: 1.0}, repeat=0.0, seed=2, concurrency=1))
     gaps: list[float] = []
     one_token: list[float] = []
+    spans: list[int] = []
     burst_ttft: list[float] = []
     stamps: list[list[float]] = []
     bursts_at: list[float] = []
@@ -142,7 +148,7 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
             while time.perf_counter() < end:
                 try:
                     body = {**body_for(streams_src.next(), model, args.stream_tokens, True), "return_token_ids": True}
-                    gaps.extend((await stream(session, url, body, stamps, one_token))[1])
+                    gaps.extend((await stream(session, url, body, stamps, one_token, spans))[1])
                 except Exception as exc:  # noqa: BLE001 - reported, the run goes on
                     errors.append(str(exc)[:200])
 
@@ -163,10 +169,20 @@ async def load(base: str, model: str, args: argparse.Namespace) -> dict:
 
         await asyncio.gather(bursts(), *(streamer() for _ in range(args.streams)))
     return {"tpot_gaps": len(gaps), "tpot_p50_ms": pct(gaps, 50), "tpot_p99_ms": pct(gaps, 99),
-            "tpot_max_ms": pct(gaps, 100), "tpot_1tok_gaps": len(one_token), "tpot_1tok_p50_ms": pct(one_token, 50),
+            "tpot_max_ms": pct(gaps, 100), "tpot_p999_ms": pct(gaps, 99.9),
+            "tpot_over_20ms": sum(g >= 0.02 for g in gaps), "steps_per_gap_share": step_shares(spans),
+            "tpot_1tok_gaps": len(one_token), "tpot_1tok_p50_ms": pct(one_token, 50),
             "tpot_1tok_p99_ms": pct(one_token, 99), "tpot_1tok_max_ms": pct(one_token, 100), "burst_requests": len(burst_ttft),
             "burst_ttft_p50_ms": pct(burst_ttft, 50), "burst_ttft_p99_ms": pct(burst_ttft, 99),
             "errors": errors[:5], "error_count": len(errors), "_stamps": stamps, "_bursts_at": bursts_at}
+
+
+def step_shares(spans: list[int]) -> dict[str, float]:
+    """The share of gaps spanning 1, 2, 3 and 4+ decode steps: where the p99 falls (the streams'
+    answers have runs of tokens that add no text; the top 1 % of gaps are their 3-4-step ones)."""
+    keys = ("1", "2", "3", "4+")
+    counts = {k: sum(1 for n in spans if (str(n) if n < 4 else "4+") == k) for k in keys}
+    return {k: round(c / max(1, len(spans)), 4) for k, c in counts.items()}
 
 
 def topology(h: Harness, mode: str, port_base: int, trace: Path | None = None) -> tuple[Path, str, str]:
@@ -232,10 +248,12 @@ def main() -> None:
         if args.trace is not None:
             (args.trace / f"{mode}-client.json").write_text(json.dumps(client))
     print(f"{'':24} {'EPD pinned':>12} {'colocated':>12}")
-    for key in ("tpot_p50_ms", "tpot_p99_ms", "tpot_max_ms", "tpot_1tok_p50_ms", "tpot_1tok_p99_ms",
-                "tpot_1tok_max_ms", "tpot_1tok_gaps", "burst_ttft_p50_ms", "burst_ttft_p99_ms",
+    for key in ("tpot_p50_ms", "tpot_p99_ms", "tpot_p999_ms", "tpot_max_ms", "tpot_over_20ms", "tpot_1tok_p50_ms",
+                "tpot_1tok_p99_ms", "tpot_1tok_max_ms", "tpot_1tok_gaps", "burst_ttft_p50_ms", "burst_ttft_p99_ms",
                 "tpot_gaps", "burst_requests", "error_count"):
         print(f"{key:24} {results['epd'][key]!s:>12} {results['colocated'][key]!s:>12}")
+    print(f"{'steps per gap (share)':24} {results['epd']['steps_per_gap_share']} / "
+          f"{results['colocated']['steps_per_gap_share']}")
     e, c = results["epd"]["tpot_p99_ms"], results["colocated"]["tpot_p99_ms"]
     if e and c:
         results["tpot_p99_ratio_epd_over_colocated"] = round(e / c, 3)

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_decode_batch import prefills  # noqa: E402
 from bench_stages import model_dir  # noqa: E402
-from epdctl.runtime import kv_slots, packed_gemm, slot_attention  # noqa: E402
+from epdctl.runtime import decode_forward, kv_slots, packed_gemm, slot_attention  # noqa: E402
 from epdctl.runtime.decode_engine import DecodeEngine  # noqa: E402
 from epdctl.runtime.model import load_bundle  # noqa: E402
 from epdctl.runtime.sampling import SamplingParams  # noqa: E402
@@ -92,12 +92,15 @@ class Split:
         F = torch.nn.functional
         linear, update, attn = F.linear, kv_slots.SlotCache.update, slot_attention.slot_attention
         packed_linear = packed_gemm._linear
-        lm_call = engine.lm.forward
+        lm_call, lean, lean_attend = engine.lm.forward, engine.lean, decode_forward.attend
         F.linear = self.wrap("gemm", linear)  # type: ignore[assignment]
         packed_gemm._linear = self.wrap("gemm", packed_linear)  # the oneDNN path of wide steps
         kv_slots.SlotCache.update = self.wrap("kv_write", update)  # type: ignore[method-assign]
         slot_attention.AttentionInterface.register(slot_attention.NAME, self.wrap("attention", attn))
         engine.lm.forward = self.wrap("forward", lm_call)  # type: ignore[method-assign]
+        if lean is not None:  # the plain-torch forward (decode_forward.py): lm_head runs inside it
+            engine.lean = self.wrap("forward", lean)  # type: ignore[assignment]
+            decode_forward.attend = self.wrap("attention", lean_attend)  # type: ignore[assignment]
         try:
             yield
         finally:
@@ -106,10 +109,12 @@ class Split:
             kv_slots.SlotCache.update = update  # type: ignore[method-assign]
             slot_attention.AttentionInterface.register(slot_attention.NAME, attn)
             del engine.lm.forward
+            engine.lean = lean
+            decode_forward.attend = lean_attend  # type: ignore[assignment]
 
     def parts(self, total: float, steps: int) -> dict[str, float]:
         """Per-step milliseconds of each part (``total``: the steps' wall seconds)."""
-        t = {k: v / steps * 1e3 for k, v in self.t.items()}
+        t = defaultdict(float, {k: v / steps * 1e3 for k, v in self.t.items()})  # lean steps: no lm_head of its own
         out = {"gemm": t["gemm"], "attention": t["attention"], "kv_write": t["kv_write"]}
         gemm_inside = t["gemm"] - t["lm_head"]  # the engine calls lm_head after the forward
         out["rest_of_forward"] = t["forward"] - gemm_inside - t["attention"] - t["kv_write"]
@@ -120,7 +125,8 @@ class Split:
 def split_pass(bundle: Any, results: list, n: int, steps: int) -> dict[str, float]:
     engine = engine_with(bundle, results, n, steps)
     split = Split()
-    head, packed = engine.lm_head, engine.packed
+    head = engine.lm_head
+    packed = engine.packed if engine.lean is None else None  # the lean forward calls the head inside
     with split.installed(engine):
         head.forward = split.wrap("lm_head", head.forward)  # type: ignore[method-assign]
         if packed is not None:

@@ -47,12 +47,14 @@ def test_gaps_and_one_token_gaps_from_a_stream():
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         stamps: list[list[float]] = []
         one: list[float] = []
+        spans: list[int] = []
         try:
             async with aiohttp.ClientSession() as session:
                 ttft, gaps = await bench.stream(session, f"http://127.0.0.1:{port}/v1/chat/completions",
-                                                {"model": "m"}, stamps, one)
+                                                {"model": "m"}, stamps, one, spans)
         finally:
             await runner.cleanup()
+        assert spans == [1, 3, 1]  # each gap's decode steps: the token ids its chunk carries
         return ttft, gaps, stamps, one
 
     ttft, gaps, stamps, one = asyncio.run(main())
@@ -60,6 +62,11 @@ def test_gaps_and_one_token_gaps_from_a_stream():
     assert len(stamps) == 1 and len(stamps[0]) == len(CHUNKS) and len(gaps) == len(CHUNKS) - 1
     # gaps before " red" and "." carry one token each; the one before " circle" three
     assert len(one) == 2 and one == [gaps[0], gaps[2]]
+
+
+def test_step_shares():
+    assert bench.step_shares([1, 1, 2, 3, 4, 6, 1, 1]) == {"1": 0.5, "2": 0.125, "3": 0.125, "4+": 0.25}
+    assert bench.step_shares([]) == {"1": 0.0, "2": 0.0, "3": 0.0, "4+": 0.0}
 
 
 def test_cpu_lists():

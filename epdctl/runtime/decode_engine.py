@@ -10,6 +10,8 @@ or temperature/top-p, seeded or not) with one device-to-host copy per step. A st
 intra-op thread unless its GEMMs are big enough to pay for the pool (decode_threads.py),
 steps of packed_gemm.MIN_ROWS+ rows run the MLPs and lm_head through oneDNN (packed_gemm.py),
 and attention runs as one C loop per layer where the host can build it (native_attention.py).
+For the tiny fp32 Qwen2-VL models the forward itself runs as plain torch calls, the model's own
+ops without its modules (decode_forward.py: same logits, a 2-row step ~half the time).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .decode_forward import lean_for
 from .decode_threads import StepThreads, macs_per_row
 from .errors import RuntimeWorkerError
 from .kv_slots import KVSlots, SlotCache
 from .model import ModelBundle
 from .native_attention import RowLengths, kernel
-from .packed_gemm import MIN_ROWS, packed_for
+from .packed_gemm import MIN_ROWS, PackedLayers, packed_for
 from .prefill_engine import PrefillResult
 from .sampling import SamplingParams, argmax_into, sample_batch
 from .slot_attention import additive_mask, use_for
@@ -69,6 +72,7 @@ class DecodeEngine:
         self.packed = packed_for(self.lm, self.lm_head)  # oneDNN GEMMs for steps of MIN_ROWS+ rows
         self.threads = StepThreads(macs_per_row(self.lm, self.lm_head))  # the pool only for big steps
         self.native = kernel() if bundle.dtype == torch.float32 else None  # C attention, else torch's
+        self.lean = lean_for(self.lm, self.lm_head, self.native, bundle.dtype)  # the step without modules
         self.steps = 0
         self.forward_passes = 0
 
@@ -176,14 +180,11 @@ class DecodeEngine:
         cache = SlotCache(self.slots, n, self.native)
         ids = self._tokens[:n].view(n, 1)
         pos = (cache.cols + self._deltas[:n]).view(1, n, 1).expand(3, n, 1)
-        mask = {"full_attention": RowLengths(cache.cols + 1, self.native) if self.native is not None
-                else additive_mask(cache.cols, cache.width, self.bundle.dtype)}
         packed = self.packed if self.packed is not None and n >= MIN_ROWS else None
-        with use_for(self.lm.config), packed.installed() if packed else contextlib.nullcontext():
-            out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
-                          use_cache=True)
-        hidden = out.last_hidden_state[:, -1]
-        logits = (packed.lm_head(hidden) if packed else self.lm_head(hidden)).float()
+        if self.lean is not None and self.native is not None:  # (a test may turn the C attention off)
+            logits = self.lean(ids, pos, cache, packed)
+        else:
+            logits = self._module_logits(ids, pos, cache, packed)
         for i in range(n):
             self.slots.lengths[i] += 1
         if self.keep_logits:
@@ -194,3 +195,14 @@ class DecodeEngine:
         tokens = sample_batch(logits, [s.params for s in seqs], [s.generated for s in seqs])
         self._tokens[:n] = torch.tensor(tokens, dtype=torch.long)
         return tokens
+
+    def _module_logits(self, ids: torch.Tensor, pos: torch.Tensor, cache: SlotCache,
+                       packed: PackedLayers | None) -> torch.Tensor:
+        """The step through the model's own modules (any model decode_forward.py does not serve)."""
+        mask = {"full_attention": RowLengths(cache.cols + 1, self.native) if self.native is not None
+                else additive_mask(cache.cols, cache.width, self.bundle.dtype)}
+        with use_for(self.lm.config), packed.installed() if packed else contextlib.nullcontext():
+            out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
+                          use_cache=True)
+        hidden = out.last_hidden_state[:, -1]
+        return (packed.lm_head(hidden) if packed else self.lm_head(hidden)).float()

@@ -80,8 +80,10 @@ def test_wide_batch_equals_each_alone_and_runs_on_one_thread(bundle, images):
     engine = DecodeEngine(bundle, keep_logits=True)
     assert engine.threads.macs_per_row == macs_per_row(engine.lm, engine.lm_head)
     seen_threads: list[int] = []
-    lm_forward = engine.lm.forward
+    lm_forward, lean = engine.lm.forward, engine.lean  # whichever forward the step runs (decode_forward.py)
     engine.lm.forward = lambda *a, **k: (seen_threads.append(torch.get_num_threads()), lm_forward(*a, **k))[1]
+    if lean is not None:
+        engine.lean = lambda *a: (seen_threads.append(torch.get_num_threads()), lean(*a))[1]  # type: ignore
     for i, r in enumerate(results):
         engine.add(f"s{i}", r, params)
     tokens: dict[str, list[int]] = {f"s{i}": [] for i in range(n)}

@@ -1,0 +1,54 @@
+"""The decode step's plain-torch forward (decode_forward.py) against the model's own modules: the
+same logits bit for bit, for 1-row, mixed-length and packed (MIN_ROWS+) steps, and joins."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from test_engine import prefill_request
+
+from epdctl.runtime import decode_forward, packed_gemm
+from epdctl.runtime.decode_engine import DecodeEngine
+from epdctl.runtime.encoder_engine import VisionEncoder
+from epdctl.runtime.native_attention import kernel
+from epdctl.runtime.sampling import SamplingParams
+
+needs_native = pytest.mark.skipif(kernel() is None, reason="no C compiler for the native attention")
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 3, packed_gemm.MIN_ROWS + 1])
+def test_lean_step_equals_the_module_step_bit_for_bit(bundle, images, rows):
+    enc = VisionEncoder(bundle)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    results = [prefill_request(bundle, enc, images[i % 5:i % 5 + 1 + i % 3], "describe the image", params)
+               for i in range(rows)]
+    lean, modules = DecodeEngine(bundle, keep_logits=True), DecodeEngine(bundle, keep_logits=True)
+    assert lean.lean is not None
+    modules.lean = None
+    for engine in (lean, modules):
+        for i, r in enumerate(results[:-1]):
+            engine.add(f"s{i}", r, params)
+    steps = 0
+    while lean.num_running or steps < 3:
+        if steps == 2:  # one joins mid-flight
+            for engine in (lean, modules):
+                engine.add("late", results[-1], params)
+        assert lean.step() == modules.step()
+        steps += 1
+    assert modules.num_running == 0
+    for sid in [f"s{i}" for i in range(rows - 1)] + ["late"]:
+        got, want = lean.pop_logits(sid), modules.pop_logits(sid)
+        assert len(got) == len(want) == params.max_tokens
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_lean_forward_only_for_what_it_was_written_for(bundle):
+    lm, head = bundle.model.model.language_model, bundle.model.lm_head
+    native = kernel()
+    assert decode_forward.lean_for(lm, head, None, torch.float32) is None  # no C attention
+    assert decode_forward.lean_for(lm, head, native, torch.bfloat16) is None
+    if native is not None:
+        assert decode_forward.lean_for(lm, head, native, torch.float32) is not None
+        assert decode_forward.lean_for(torch.nn.Linear(2, 2), head, native, torch.float32) is None
