@@ -20,6 +20,7 @@ engine keeps the module path.
 from __future__ import annotations
 
 import ctypes
+import logging
 from typing import Any, Callable
 
 import torch
@@ -29,6 +30,9 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import rotate_half
 from .kv_slots import SlotCache
 from .native_attention import attend
 from .packed_gemm import MAX_COPY_BYTES, PackedLayers
+
+log = logging.getLogger(__name__)
+CHECK_ROWS = (1, 2, 3, 8, 16, 33)  # step widths whose fused GEMMs are compared with the separate ones
 
 
 def _act(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -133,6 +137,33 @@ def lean_for(lm: Any, lm_head: torch.nn.Linear, native: ctypes.CDLL | None, dtyp
     try:
         if copy_bytes(lm) > MAX_COPY_BYTES:  # a real-size model: its GEMMs, not the wrapping, fill a step
             return None
-        return LeanForward(lm, lm_head, native)
+        lean = LeanForward(lm, lm_head, native)
     except (AttributeError, ValueError, TypeError):
         return None
+    if not fuses_exactly(lm.layers[0]):
+        log.info("decode: the fused q/k/v or gate/up GEMM does not give the separate GEMMs' bits on "
+                 "this host; decode steps run through the model's modules")
+        return None
+    return lean
+
+
+def fuses_exactly(layer: Any) -> bool:
+    """Whether q/k/v (and gate/up) as one GEMM give exactly the separate GEMMs' values here.
+
+    The fused GEMM has more output columns; whether the BLAS keeps each column's reduction order
+    then depends on its kernels, hence on the host. Tokens must equal the module path's, so the
+    lean forward is used only where a check at the step widths it will see says so (every layer
+    has the same shapes, so the first one stands for all)."""
+    fused = _Layer(layer, 0)
+    attn, mlp = layer.self_attn, layer.mlp
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n in CHECK_ROWS:
+            h = torch.randn(n, fused.wqkv.shape[1], generator=gen, dtype=fused.wqkv.dtype)
+            apart = torch.cat([F.linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
+            if not torch.equal(F.linear(h, fused.wqkv, fused.bqkv), apart):
+                return False
+            apart = torch.cat([F.linear(h, mlp.gate_proj.weight), F.linear(h, mlp.up_proj.weight)], -1)
+            if not torch.equal(F.linear(h, fused.gate_up), apart):
+                return False
+    return True

@@ -52,3 +52,23 @@ def test_lean_forward_only_for_what_it_was_written_for(bundle):
     if native is not None:
         assert decode_forward.lean_for(lm, head, native, torch.float32) is not None
         assert decode_forward.lean_for(torch.nn.Linear(2, 2), head, native, torch.float32) is None
+
+
+@needs_native
+def test_no_lean_forward_where_the_fused_gemm_changes_the_bits(bundle, monkeypatch):
+    """On a host whose BLAS reduces a wider GEMM in another order, the decode keeps the modules'
+    path (tokens must equal it): simulated by a linear that rounds differently for the fused width."""
+    lm, head = bundle.model.model.language_model, bundle.model.lm_head
+    native = kernel()
+    assert decode_forward.fuses_exactly(lm.layers[0])  # this host: the same bits
+    attn = lm.layers[0].self_attn
+    fused_width = attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features
+    real = torch.nn.functional.linear
+
+    def other_blas(x, w, b=None):
+        out = real(x, w, b)
+        return out + 1e-7 * out if w.shape[0] == fused_width else out
+
+    monkeypatch.setattr(decode_forward.F, "linear", other_blas)
+    assert not decode_forward.fuses_exactly(lm.layers[0])
+    assert decode_forward.lean_for(lm, head, native, torch.float32) is None
