@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -105,6 +106,11 @@ def cpu_s() -> float:
     return time.process_time()
 
 
+def faults() -> int:
+    """This process's minor page faults so far (fresh pages mapped in)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 async def _receive(sends: int, out: str, shm: bool) -> None:
     instrument("recv")
     t = open_transport("zmq", "127.0.0.1", port=PORT, timeout=120, shm=shm)
@@ -114,8 +120,8 @@ async def _receive(sends: int, out: str, shm: bool) -> None:
         await t.recv(f"k{i}", 600)
         stamp(f"recv {i} returned")
         if i == WARM - 1:
-            STAMPS.append((cpu_s(), "cpu warm"))
-    STAMPS.append((cpu_s(), "cpu end"))
+            STAMPS.extend([(cpu_s(), "cpu warm"), (faults(), "cpu faults warm")])
+    STAMPS.extend([(cpu_s(), "cpu end"), (faults(), "cpu faults end")])
     stamp(f"segments {t._pool.stats if isinstance(t, ZmqTransport) and t._pool else None}")
     await t.close()
     Path(out).write_text(json.dumps(STAMPS))
@@ -131,16 +137,17 @@ async def _send(address: str, mib: float, sends: int, shm: bool,
         t.part_bytes = part_kib << 10
     await t.start()
     tensors = kv_payload(mib)
-    spans, cpu0 = [], 0.0
+    spans, cpu0, faults0 = [], 0.0, 0
     try:
         for i in range(sends):
             if i == WARM:
-                cpu0 = cpu_s()
+                cpu0, faults0 = cpu_s(), faults()
             t0 = time.perf_counter()
             await t.send(address, f"k{i}", {}, tensors)
             spans.append((t0, time.perf_counter()))
     finally:
         cpu = cpu_s() - cpu0
+        STAMPS.append((faults() - faults0, "cpu faults"))
         await t.close()
     return spans, cpu
 
@@ -213,7 +220,8 @@ def main() -> None:
     os.unlink(out)
     their_cpu = {w: t for t, w in theirs if w.startswith("cpu ")}
     theirs = [(t, w) for t, w in theirs if not w.startswith("cpu ")]
-    events = sorted([(t, "send", w) for t, w in STAMPS] + [(t, "recv", w) for t, w in theirs])
+    events = sorted([(t, "send", w) for t, w in STAMPS if not w.startswith("cpu ")]
+                    + [(t, "recv", w) for t, w in theirs])
     warm = spans[WARM:]
     times = [b - a for a, b in warm]
     order = sorted(range(len(warm)), key=lambda k: times[k])
@@ -223,10 +231,12 @@ def main() -> None:
     if shm and rows:
         print("phases, ms (median over the warm hand-offs): " + ", ".join(
             f"{k} {statistics.median(r[k] for r in rows):.3f}" for k in rows[0]))
-    print(f"KV {args.kv:g} MiB over {args.channel}, {len(warm)} warm hand-offs, load {os.getloadavg()[0]:.2f}: "
-          f"best {1e3 * times[order[0]]:.3f} / median {1e3 * statistics.median(times):.3f} ms; CPU per hand-off "
-          f"sender {1e3 * cpu / len(warm):.3f} ms, receiver "
-          f"{1e3 * (their_cpu['cpu end'] - their_cpu['cpu warm']) / len(warm):.3f} ms")
+    n, our_faults = len(warm), next(t for t, w in STAMPS if w == "cpu faults")
+    print(f"KV {args.kv:g} MiB over {args.channel}, {n} warm hand-offs, load {os.getloadavg()[0]:.2f}: "
+          f"best {1e3 * times[order[0]]:.3f} / median {1e3 * statistics.median(times):.3f} ms; per hand-off: CPU "
+          f"sender {1e3 * cpu / n:.3f} ms, receiver {1e3 * (their_cpu['cpu end'] - their_cpu['cpu warm']) / n:.3f} ms; "
+          f"page faults sender {our_faults / n:.0f}, receiver "
+          f"{(their_cpu['cpu faults end'] - their_cpu['cpu faults warm']) / n:.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"spans": spans, "events": events}))
 
