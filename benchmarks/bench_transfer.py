@@ -8,7 +8,9 @@ acknowledgement). Baselines side by side: raw pyzmq (the payload as one buffer, 
 ack, no checksum), iperf3 over loopback (if installed), a plain memcpy of the same tensors into
 preallocated ones (numpy, one thread, tensor by tensor, the destinations reused so their pages
 are already faulted in: a warm-destination memcpy, as warm as the reused segments and send
-buffers of our paths; best of the repetitions, like every column), and the wire format alone
+buffers of our paths; best of the repetitions, like every column; back to back, so its source
+and destinations are hot in L3; "memcpy-between" is the same copy timed after each zmq-shm
+hand-off, in the cache state a hand-off meets: both ratios are printed), and the wire format alone
 (pack + unpack, no socket). First it prints the checksum candidates' speed on 16 MiB. Writes
 benchmarks/results/transfer.json.
 
@@ -238,6 +240,7 @@ async def measure(addresses: dict[str, str], items, counters: dict[str, int]) ->
             # which the receiver's allocator serves from reused heap instead of freshly mapped pages
             frames = [whole[i:i + RAW_FRAME] for i in range(0, whole.nbytes, RAW_FRAME)]
             row["raw-frames_s"], row["raw-frames_median_s"] = best_and_median(lambda: raw_send(raw, frames), reps)
+            copy, between = memcpy(tensors), []
             for channel in senders:
                 times = []
                 for _ in range(reps + WARM_SENDS):
@@ -246,8 +249,15 @@ async def measure(addresses: dict[str, str], items, counters: dict[str, int]) ->
                     t0 = time.perf_counter()
                     await senders[channel].send(addresses[channel], key, {}, tensors)
                     times.append(time.perf_counter() - t0)
+                    if channel == "zmq-shm":  # the same memcpy in the cache state a hand-off meets
+                        t1 = time.perf_counter()
+                        copy()
+                        between.append(time.perf_counter() - t1)
                 row[f"{channel}_s"], row[f"{channel}_median_s"] = min(times[WARM_SENDS:]), statistics.median(
                     times[WARM_SENDS:])
+            if between:
+                row["memcpy-between_s"], row["memcpy-between_median_s"] = (min(between[WARM_SENDS:]),
+                                                                           statistics.median(between[WARM_SENDS:]))
             row["shm_used"] = "zmq-shm" in senders and senders["zmq-shm"].stats.get("shm_sent", 0) > 0
             rows.append(row)
             print_row(row, header=len(rows) == 1)
@@ -271,11 +281,12 @@ def print_row(row: dict, header: bool) -> None:
 
 def print_ratios(rows: list[dict]) -> None:
     print("\nratios (time of the reference / time of ours; 1.00 = as fast):")
-    print(f"{'payload':44} {'zmq-tcp/raw-zmq':>16} {'tcp/raw-frames':>16} {'zmq-ipc/raw-zmq':>16} {'zmq-shm/memcpy':>16}")
+    print(f"{'payload':44} {'zmq-tcp/raw-zmq':>16} {'tcp/raw-frames':>16} {'zmq-ipc/raw-zmq':>16} {'zmq-shm/memcpy':>16}"
+          f" {'shm/memcpy-betw':>16}")
     for r in rows:
-        cells = [f"{r[ref] / r[ours]:16.2f}" if ours in r else f"{'-':>16}"
+        cells = [f"{r[ref] / r[ours]:16.2f}" if ours in r and ref in r else f"{'-':>16}"
                  for ref, ours in (("raw-zmq_s", "zmq-tcp_s"), ("raw-frames_s", "zmq-tcp_s"), ("raw-zmq_s", "zmq-ipc_s"),
-                                   ("memcpy_s", "zmq-shm_s"))]
+                                   ("memcpy_s", "zmq-shm_s"), ("memcpy-between_s", "zmq-shm_s"))]
         print(f"{r['payload']:44} " + " ".join(cells))
 
 
@@ -318,6 +329,8 @@ def main() -> None:
     print("raw-frames = the same with the payload as frames of <= 16 MiB in one multipart message.")
     print("wire = pack + checksum + unpack (checksum check, zero-copy views) in one process, no socket.")
     print("zmq-tcp / zmq-ipc: the runtime's transport with shared memory off; zmq-shm: same-host path.")
+    print("memcpy: back to back, src and destinations hot in L3; memcpy-between: the same copy timed after each")
+    print("zmq-shm hand-off, in the cache state the next hand-off meets (the goal's ratio is zmq-shm/memcpy).")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"host": platform.node(), "cpus": os.cpu_count(), "torch": torch.__version__,
