@@ -164,7 +164,7 @@ def main() -> None:
         asyncio.run(_receive(args.receiver, args.sends))
         return
     if args.handoff:
-        res = handoff(args.handoff, args.kv, args.sends + 3)
+        res = handoff(args.handoff, args.kv, args.sends + WARM_SENDS)
         print(f"KV {args.kv:g} MiB hand-offs over {args.handoff}, load {os.getloadavg()[0]:.2f}; ms best / median:")
     else:
         res = measure(args.kv, args.reps, args.rounds)

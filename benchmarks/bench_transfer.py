@@ -102,10 +102,10 @@ def reps_for(mib: float) -> int:
     return 24 if mib <= 16 else max(3, int(128 // mib))
 
 
-# hand-offs of each payload before the timed ones: the same-host path alternates between two lent
-# segments (and the socket path reuses its send buffer), each faulted in by its first write, so the
-# timed hand-offs write into warm memory, as the memcpy baseline writes into a reused destination
-WARM_SENDS = 3
+# hand-offs of each payload before the timed ones: the same-host path rotates up to four lent
+# segments (shm.ROTATE; the socket path reuses its send buffer), each faulted in by its first
+# write, so the timed hand-offs write into warm memory, as the memcpy writes into a reused destination
+WARM_SENDS = 5
 
 
 def nbytes(tensors: dict[str, torch.Tensor]) -> int:

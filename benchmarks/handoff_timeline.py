@@ -36,7 +36,7 @@ from epdctl.runtime.transports.doorbell import Doorbell  # noqa: E402
 from epdctl.runtime.transports.zmq import ZmqTransport  # noqa: E402
 
 PORT = 33407
-WARM = 3  # hand-offs not timed (bench_transfer.WARM_SENDS: the lent segments faulted in)
+WARM = 5  # hand-offs not timed (as bench_transfer.WARM_SENDS: every lent segment faulted in)
 STAMPS: list[tuple[float, str]] = []
 
 
