@@ -30,16 +30,12 @@ import platform
 import statistics
 import subprocess
 import sys
-import shutil
 import threading
 import time
-import zlib
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-import xxhash
 import zmq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,11 +45,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from epdctl.runtime.transports import open_transport  # noqa: E402
 from epdctl.runtime.wire import pack, unpack  # noqa: E402
 import handoff_timeline  # noqa: E402
+from transfer_baselines import RAW_PORT, best_and_median, checksums, iperf3, memcpy, raw_send, raw_server  # noqa: E402
 
 # channel -> (transport kind, shared memory allowed, receiver port)
 CHANNELS = {"zmq-tcp": ("zmq", False, 33400), "zmq-ipc": ("zmq-ipc", False, 0), "zmq-shm": ("zmq", True, 33402),
             "mooncake": ("mooncake", False, 33401)}
-RAW_PORT, IPERF_PORT = 33403, 33404
 RAW_FRAME = 16 * 2**20
 MiB = 2**20
 
@@ -112,80 +108,6 @@ def nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def memcpy(tensors: dict[str, torch.Tensor]) -> Callable[[], object]:
-    """The baseline: copy each tensor into its own preallocated destination, reused every call
-    (numpy: one thread, like our copies; torch's may spin OpenMP). Rotating two or three sets of
-    destinations, as the same-host path rotates its two segments, measured within noise (16 MiB
-    best 0.47-0.54 ms either way), so one set is kept."""
-    src = [t.contiguous().view(-1).view(torch.uint8).numpy() for t in tensors.values()]
-    dst = [np.empty_like(a) for a in src]
-    return lambda: [np.copyto(d, a) for d, a in zip(dst, src)]
-
-
-def best_and_median(fn, reps: int) -> tuple[float, float]:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), statistics.median(times)
-
-
-def checksums() -> dict[str, float]:
-    """GB/s of each checksum candidate (and a memcpy) over 16 MiB."""
-    buf = np.random.default_rng(0).integers(0, 255, 16 * MiB, dtype=np.uint8)
-    mv, dst = memoryview(buf), np.empty_like(buf)
-    cands = {"memcpy": lambda: np.copyto(dst, buf), "zlib.crc32": lambda: zlib.crc32(mv),
-             "xxh3_64 (xxhash)": lambda: xxhash.xxh3_64_intdigest(mv)}
-    try:
-        import crc32c
-        cands["crc32c (hardware CRC32C)"] = lambda: crc32c.crc32c(mv)
-    except ImportError:
-        pass
-    try:
-        import google_crc32c
-        frozen = bytes(mv)  # its C API takes read-only bytes only
-        cands["google-crc32c"] = lambda: google_crc32c.value(frozen)
-    except ImportError:
-        pass
-    return {name: buf.nbytes / best_and_median(fn, 10)[0] / 1e9 for name, fn in cands.items()}
-
-
-def iperf3() -> float | None:
-    """Loopback TCP GB/s measured by iperf3 (None if it is not installed)."""
-    exe = shutil.which("iperf3")
-    if exe is None:
-        return None
-    server = subprocess.Popen([exe, "-s", "-1", "-p", str(IPERF_PORT), "-B", "127.0.0.1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(50):
-            out = subprocess.run([exe, "-c", "127.0.0.1", "-p", str(IPERF_PORT), "-t", "2", "-J"],
-                                 capture_output=True, text=True)
-            try:
-                return json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"] / 8 / 1e9
-            except (ValueError, KeyError):  # the server was not listening yet
-                time.sleep(0.2)
-        return None
-    finally:
-        server.kill()
-        server.wait()
-
-
-def raw_server(stop: threading.Event) -> None:
-    """A bare pyzmq ROUTER: take each multipart message (copy=False) and answer one frame."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.bind(f"tcp://127.0.0.1:{RAW_PORT}")
-    while not stop.is_set():
-        if sock.poll(200):
-            msg = sock.recv_multipart(copy=False)
-            sock.send_multipart([msg[0], b"OK"])
-    sock.close(linger=0)
-    ctx.term()
-
-
 async def receiver(expected: dict[str, int], timeline: str | None = None) -> None:
     """Receive ``expected[channel]`` messages (keys channel-0, ...) on each channel, then exit
     (``timeline``: stamp the same-host path's steps, written there at the end)."""
@@ -211,11 +133,6 @@ async def receiver(expected: dict[str, int], timeline: str | None = None) -> Non
     raw.join()
     if timeline:
         Path(timeline).write_text(json.dumps(handoff_timeline.STAMPS))
-
-
-def raw_send(sock: zmq.Socket, frames: list) -> None:
-    sock.send_multipart(frames, copy=False)
-    sock.recv()
 
 
 async def measure(addresses: dict[str, str], items, counters: dict[str, int]) -> list[dict]:

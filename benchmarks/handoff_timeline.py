@@ -164,7 +164,8 @@ def phases(events: list[tuple[float, str, str]]) -> list[dict[str, float]]:
     GO); writing (first copy to last publish); the tail (last publish to the receiver's answer);
     the answer's way back (answer to send() returning); the receiver's checks (summed) and its first
     look after the GO ring; sends that found no doorbell answer path show 0 for what they lack."""
-    out, cur = [], None
+    out: list[dict[str, float]] = []
+    cur: dict[str, Any] | None = None
     for t, side, what in events:
         if side == "send" and what.startswith("send ") and what.endswith(" start"):
             cur = {"t0": t, "copy0": 0.0, "publish": 0.0, "answer": 0.0, "check": 0.0, "check_start": None}
