@@ -264,3 +264,37 @@ def test_segments_of_a_killed_receiver_are_swept_by_the_next_one():
         assert shm.sweep_dead() == 0 and os.path.exists(os.path.join(shm.SHM_DIR, seg.name))  # alive: kept
     finally:
         mine.close()
+
+
+def test_segments_of_8_to_24_mib_rotate_among_four():
+    """Each spare is then a segment the receiver last read three hand-offs ago (out of its
+    caches); smaller and larger ones keep to the two that suffice. /dev/shm full: reuse."""
+    from epdctl.runtime.transports import shm
+
+    pool = shm.SegmentPool()
+    try:
+        def cycle(nbytes: int, n: int) -> list[str]:
+            names = []
+            for _ in range(n):  # one in use while the next is lent, as the same-host path does
+                seg = pool.lease(nbytes)
+                names.append(seg.name)
+                pool.give_back(seg)
+            return names
+        held = pool.lease(16 << 20)
+        names = cycle(16 << 20, 8)
+        assert len(set(names) | {held.name}) == shm.ROTATE and names[3:6] == names[:3]  # oldest idle first
+        pool.give_back(held)
+        assert len(set(cycle(2 << 20, 6))) == 1 and len(set(cycle(40 << 20, 6))) == 1
+    finally:
+        pool.close()
+    pool = shm.SegmentPool()
+    try:
+        first = pool.lease(16 << 20)
+        pool.give_back(first)
+
+        def full(nbytes: int) -> shm.Segment:
+            raise OSError(28, "No space left on device")
+        pool._create = full  # type: ignore[method-assign]
+        assert pool.lease(16 << 20) is first and pool.stats == {"segments_created": 1, "segments_reused": 1}
+    finally:
+        pool.close()

@@ -17,6 +17,7 @@ import torch
 
 from epdctl.runtime.errors import TransferError
 from epdctl.runtime.transports import open_transport, progress, same_host
+from epdctl.runtime.transports.zmq import ZmqTransport
 
 from transport_pair import assert_same, with_pair
 
@@ -205,5 +206,54 @@ def test_where_stores_may_be_reordered_only_rung_parts_are_read(monkeypatch, bel
             await a.send(b.address, f"w{i}", {}, tensors)
             assert_same(tensors, (await b.recv(f"w{i}", 5))[1])
         assert kinds.count(b"SHMDONE") == (0 if bells else 2) and a.stats["failures"] == 0
+
+    with_pair("zmq", fn)
+
+
+def rings(monkeypatch) -> list[bytes]:
+    """Record the kind of every doorbell ring read (G, P, D, A)."""
+    got: list[bytes] = []
+    ring = same_host.ring
+
+    def counting(t, data):
+        got.append(data[:1])
+        return ring(t, data)
+    monkeypatch.setattr(same_host, "ring", counting)
+    return got
+
+
+def test_a_polling_receiver_is_not_rung_for_every_part(monkeypatch):
+    """The receiver looks at the control block while the parts come (here it finds them all at
+    once): the sender rings GO and the receiver ACK, no part is rung."""
+    got, tensors = rings(monkeypatch), kv_like()
+
+    async def fn(a, b):
+        small_parts(a)
+        for i in range(3):
+            await a.send(b.address, f"p{i}", {}, tensors)
+            assert_same(tensors, (await b.recv(f"p{i}", 5))[1])
+        assert got.count(b"P") == 0 and got.count(b"G") == 3 and a.stats["failures"] == 0
+
+    with_pair("zmq", fn)
+
+
+def test_a_receiver_asleep_between_parts_is_rung_awake(monkeypatch):
+    """A sender slower than the receiver's poll (a part every ms, longer than its poll, shorter than its idle limit): the receiver sleeps, says so
+    in the control block, and each part's ring wakes it; nothing goes on the socket."""
+    got, tensors = rings(monkeypatch), kv_like()
+    write = ZmqTransport._write_part
+
+    async def slow(w, dst, first, last, n):
+        await asyncio.sleep(0.001)
+        return await write(w, dst, first, last, n)
+    monkeypatch.setattr(ZmqTransport, "_write_part", staticmethod(slow))
+
+    async def fn(a, b):
+        small_parts(a)
+        kinds = socket_kinds(b)
+        for i in range(3):
+            await a.send(b.address, f"s{i}", {}, tensors)
+            assert_same(tensors, (await b.recv(f"s{i}", 5))[1])
+        assert got.count(b"P") >= 3 and kinds == [b"SHM"] and a.stats["failures"] == 0
 
     with_pair("zmq", fn)

@@ -14,7 +14,7 @@ Every byte is still checked against the sender's checksum (a torn or stale read 
 length error, never a wrong tensor), and the ``token`` (from the lease's id) tells a sender
 whether the segment is still lent to it.
 
-Layout (native int64 words, then text): words 0-15 the header (token, progress, ack), then
+Layout (native int64 words, then text): words 0-15 the header (token, progress, ack, asleep), then
 (offset, length) of each part's JSON description in the text area, and the answer at the end.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 
 CTRL_BYTES = 64 << 10       # reserved at the end of every lent segment
 MAX_PARTS = 1000            # part slots (a message in more parts uses larger parts)
-_TOKEN, _PROGRESS, _ACK = 0, 1, 2
+_TOKEN, _PROGRESS, _ACK, _ASLEEP = 0, 1, 2, 3
 _SLOTS = 16                 # first word of the part table
 _TEXT = (_SLOTS + 2 * MAX_PARTS) * 8
 _ANSWER = 4 << 10           # the answer's area (last bytes of the block)
@@ -74,6 +74,10 @@ class Control:
     def progress(self) -> int:
         return int(self.words[_PROGRESS])
 
+    def sleeping(self, asleep: bool) -> None:
+        """The receiver stops (or resumes) polling: the sender rings each part while it sleeps."""
+        self.words[_ASLEEP] = int(asleep)
+
     def part(self, i: int) -> dict:
         off, n = int(self.words[_SLOTS + 2 * i]), int(self.words[_SLOTS + 2 * i + 1])
         if not _TEXT <= off <= off + n <= CTRL_BYTES - _ANSWER:
@@ -105,6 +109,10 @@ class Control:
         self.words[_SLOTS + 2 * i], self.words[_SLOTS + 2 * i + 1] = off, len(text)
         self._cursor = off + len(text)
         self.words[_PROGRESS] = i + 1  # last: the part and its description are written before
+
+    def asleep(self) -> bool:
+        """Whether the receiver said it sleeps until the next ring (polling, it needs none)."""
+        return bool(self.words[_ASLEEP])
 
     def reply(self) -> list[bytes] | None:
         if not self.words[_ACK]:

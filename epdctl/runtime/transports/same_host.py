@@ -9,7 +9,9 @@ from the shared cache next; non-temporal stores measured slower on an idle host,
 6.3-6.7 vs 6.6-9.3 GB/s alternated), publishing each part in the
 control block (``progress.py``) and ringing P, then poll the block briefly for the answer and
 sleep until the ACK ring (DONE first, in case the receiver stopped polling). Receiver: on GO, check part i while
-part i+1 is written (polling briefly, then sleeping until the next P), deliver the message (or
+part i+1 is written (polling briefly, then sleeping until the next P: it says so in the control
+block, and the sender rings P only then, so a polling receiver's event loop is not woken once per
+part; where stores may be reordered every part is rung), deliver the message (or
 its damage), write the answer with the next spare (lent while it waited) and ring ACK. A
 hand-off that found a spare puts no message on the ZMQ socket. Every wait is bounded: a poll
 stops after ``POLL_IDLE_S`` without a new part (DONE restarts it), and a sender that gets no
@@ -118,7 +120,7 @@ async def _hand_over(t: "ZmqTransport", endpoint: str, msg: "_Outgoing", cuts: l
             sums, written = await t._write_part(msg.write, whole, first, last, end - start)
             msg.lengths.extend(written)
             ctrl.publish(i, part_header(first, sums, written))
-            if rung:  # wakes a receiver that sleeps between parts (a cheap read if it polls)
+            if rung and (not ORDERED or ctrl.asleep()):  # a receiver that polls needs no ring
                 t._bell.ring(bell, b"P%s %d" % (xid, i + 1))
         # the receiver trails by about one part: poll for its answer a little, then sleep until it rings
         reply = await ctrl.wait_reply(ACK_SPIN_S if rung else ack_spin_s(msg.total)) if ORDERED else None
@@ -161,7 +163,7 @@ def ring(t: "ZmqTransport", data: bytes) -> None:
         if lease is None or not count.isdigit():
             return
         lease.rung = max(lease.rung, int(count))
-        if kind == b"P" and lease.wake is not None and not lease.wake.done():
+        if lease.wake is not None and not lease.wake.done():
             lease.wake.set_result(None)
         elif kind == b"D" and lease.poller is not None and lease.poller.done():  # it stopped polling
             lease.poller = asyncio.ensure_future(_poll(t, xid, lease))
@@ -220,7 +222,10 @@ async def _poll(t: "ZmqTransport", xid: str, lease: Lease) -> None:
             await pause()
             continue
         lease.wake = wake = loop.create_future()
+        lease.ctrl.sleeping(True)  # before the last look: a part published after it is rung
         if _published(lease) > lease.checked:  # published while the ring was being set up
+            lease.ctrl.sleeping(False)
+            lease.wake = None
             continue
         timer = loop.call_later(POLL_IDLE_S - waited, wake.cancel)
         try:
@@ -230,6 +235,7 @@ async def _poll(t: "ZmqTransport", xid: str, lease: Lease) -> None:
                 raise
         finally:
             timer.cancel()
+            lease.ctrl.sleeping(False)
             lease.wake = None
     if xid in t._leases.open:
         _close(t, xid, lease)

@@ -33,7 +33,7 @@ import torch
 
 from ..errors import TransferError
 from ..wire import Frame, describe, layout, parse_header
-from . import same_host, shm
+from . import heap, same_host, shm
 from .base import DEFAULT_TIMEOUT, Endpoint, verify
 from .doorbell import Doorbell
 from .leases import Leases
@@ -88,6 +88,7 @@ class ZmqTransport(Endpoint):
         return "zmq+" + self.endpoint
 
     async def start(self) -> None:
+        heap.keep_frames()  # received frames reuse heap memory (no page faults per message)
         await self._bind()
         if self.use_shm and self._bell.open():
             self._leases.bell = self._bell.address
