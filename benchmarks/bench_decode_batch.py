@@ -129,13 +129,14 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[4, 16], help="batch sizes (1 = the baseline, implied)")
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's, one per core)")
+    ap.add_argument("--dtype", default="float32", help="the model's dtype (bfloat16: the runtime's module path)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "decode_batch.json"))
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = sorted({n for n in args.streams if n > 1})
     path, source = model_dir(args.model)
-    bundle = load_bundle(path, role="colocated")
+    bundle = load_bundle(path, role="colocated", dtype=args.dtype)
     results = prefills(bundle, max(sizes), SamplingParams(max_tokens=args.tokens, ignore_eos=True))
     turns: dict[tuple[str, int], list[tuple[dict, dict]]] = {(m, n): [] for m in args.modes for n in sizes}
     load0 = os.getloadavg()[0]
@@ -166,7 +167,7 @@ def main() -> None:
           "times, medians, the median of each turn's own ratio, CPU time); steady = steps after the join step (ab_decode_step.py's measure)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": source, "tokens": args.tokens, "reps": args.reps,
+    out.write_text(json.dumps({"model": source, "dtype": args.dtype, "tokens": args.tokens, "reps": args.reps,
                                "threads": torch.get_num_threads(), "load_avg_1m": [load0, load1],
                                "rows": rows}, indent=2) + "\n")
     print(f"wrote {out}")

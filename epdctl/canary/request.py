@@ -32,6 +32,34 @@ class CanaryResult:
     seconds: float
     timings: dict[str, Any] = field(default_factory=dict)
     model: str = ""
+    misses: list[Miss] = field(default_factory=list)
+
+
+@dataclass
+class Miss:
+    """One image the answer got wrong: what was drawn, what was read (None: not named), and the
+    other pictures of the request whose item is what was read (a same-colour image lending its
+    shape is the tiny model's known miss; a wrong colour or an unnamed image is not)."""
+
+    picture: int
+    want: str
+    got: str | None
+    lent_by: list[int] = field(default_factory=list)
+
+    @property
+    def same_colour_copy(self) -> bool:
+        return bool(self.lent_by) and self.got is not None and self.got.split()[0] == self.want.split()[0]
+
+
+def find_misses(items: list[Any], got: list[Any]) -> list[Miss]:
+    """The wrong images of an answer (``items`` drawn, ``got`` read back by ``parse_answer``)."""
+    out = []
+    for k, (want, read) in enumerate(zip(items, got), start=1):
+        if read == want:
+            continue
+        lent = [j for j, other in enumerate(items, start=1) if j != k and read is not None and other == read]
+        out.append(Miss(k, str(want), None if read is None else str(read), lent))
+    return out
 
 
 def data_url(png: bytes) -> str:
@@ -94,7 +122,8 @@ def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | 
     named = sum(1 for g, want in zip(got, items) if g == want)
     return CanaryResult(question=question, expected=shapes.answer_for(items), answer=answer,
                         correct=named == n_images, named=named, n_images=n_images,
-                        seconds=seconds, timings=dict(doc.get("timings") or {}), model=model)
+                        seconds=seconds, timings=dict(doc.get("timings") or {}), model=model,
+                        misses=find_misses(items, got))
 
 
 @dataclass

@@ -166,6 +166,26 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def _misses(misses: list[Any]) -> list[str]:
+    """One line per wrong image, then what the pattern points at."""
+    out = []
+    for m in misses:
+        if m.got is None:
+            out.append(f"  miss:     Picture {m.picture}: {m.want}, not named")
+            continue
+        lent = (f" (the item of Picture {', '.join(map(str, m.lent_by))}, same colour)" if m.same_colour_copy
+                else f" (the item of Picture {', '.join(map(str, m.lent_by))})" if m.lent_by else "")
+        out.append(f"  miss:     Picture {m.picture}: {m.want} read as {m.got}{lent}")
+    if misses and all(m.same_colour_copy for m in misses):
+        out.append("  reading:  each miss took the shape of another picture of the same colour: the bundled\n"
+                   "            tiny model's known miss (32 of 200 three-image canaries; README, 'The model');\n"
+                   "            a wrong colour or an unnamed picture would point at the pipeline instead")
+    elif misses:
+        out.append("  reading:  a wrong colour, an unnamed picture or another picture's whole item is not the\n"
+                   "            tiny model's usual miss: check the transfers with `epdctl check --canary CLUSTER`")
+    return out
+
+
 def render_canary(res: Any) -> str:
     """Question, answer, verdict and per-stage timings of a canary run."""
     verdict = ("correct" if res.correct
@@ -175,6 +195,7 @@ def render_canary(res: Any) -> str:
            "  expected: " + res.expected.replace("\n", " | "),
            "  answer:   " + (_printable(res.answer)[:300] or "(empty)"),
            f"  verdict:  {verdict}  ({res.seconds * 1000:.0f} ms end to end)"]
+    out += _misses(getattr(res, "misses", []))
     if res.timings:
         cells = []
         for k, v in res.timings.items():
