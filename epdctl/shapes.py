@@ -186,22 +186,30 @@ def plain_png(shape: str, colour: str) -> bytes:
 
 
 def make_request(
-    rng: random.Random, n_images: int, plain: bool = False
+    rng: random.Random, n_images: int, plain: bool = False, distinct_colours: bool = False
 ) -> tuple[list[bytes], str, list[Item]]:
     """``n_images`` random images as PNG bytes, the question, and the expected items.
 
     ``plain`` images need no Pillow (packaged PNGs); the rng is drawn exactly as random_item does.
+    ``distinct_colours`` (up to one image per colour): every image its own colour, so an image
+    read in another's place shows as a wrong colour — what a pipeline check wants; the tiny model's
+    own miss, an image given the shape of another of the same colour, then cannot occur.
     """
     if n_images < 1:
         raise ValueError(f"a request needs at least one image, got {n_images}")
+    if distinct_colours and n_images > len(COLOURS):
+        raise ValueError(f"{n_images} images cannot each have their own colour; there are {len(COLOURS)}")
+    colours = rng.sample(list(COLOURS), n_images) if distinct_colours else None
     pngs: list[bytes] = []
     items: list[Item] = []
-    for _ in range(n_images):
+    for i in range(n_images):
         if plain:
             item = Item(rng.choice(SHAPES), rng.choice(list(COLOURS)))
+            if colours:
+                item = Item(item.shape, colours[i])
             pngs.append(plain_png(item.shape, item.colour))
         else:
-            img, item = random_item(rng)
+            img, item = random_item(rng, colour=colours[i] if colours else None)
             pngs.append(to_png(img))
         items.append(item)
     return pngs, question(), items

@@ -88,11 +88,13 @@ def model_id(router_url: str, headers: dict[str, str]) -> str:
 
 def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | None = None,
                n_images: int = 3, seed: int | None = None, max_tokens: int = 48,
-               timeout: float = 120.0, plain: bool = True) -> CanaryResult:
+               timeout: float = 120.0, plain: bool = True, distinct_colours: bool = False) -> CanaryResult:
     """Send the request, parse the answer; ProbeError when no well-formed answer comes back.
 
     ``plain`` draws white-background centred shapes (the canary's default); ``False`` draws the
     varied ones (size, position, background) used to measure held-out accuracy.
+    ``distinct_colours`` gives each image its own colour (`up`'s check of a new cluster: images
+    read out of order show as wrong colours, and the tiny model's same-colour miss cannot occur).
     """
     from epdctl import shapes  # PIL is imported only when a canary actually runs
 
@@ -102,7 +104,8 @@ def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | 
         headers["Authorization"] = f"Bearer {key}"
     model = model or model_id(router_url, headers)
     rng = random.Random(seed if seed is not None else time.time_ns())
-    pngs, question, items = shapes.make_request(rng, n_images, plain=plain)
+    pngs, question, items = shapes.make_request(rng, n_images, plain=plain,
+                                                distinct_colours=distinct_colours and n_images <= len(shapes.COLOURS))
     body = {"model": model, "messages": build_messages(pngs, question),
             "max_tokens": max_tokens, "temperature": 0.0, "stream": False}
     t0 = time.monotonic()

@@ -108,7 +108,7 @@ def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
              f"stop it with `epdctl down {topo.name}`")
     try:
         res, deltas = byte_deltas(plan.workers, lambda: run_canary(
-            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env),
+            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env, distinct_colours=True),
             api_key_env=api_key_env)
     except ProbeError as e:
         raise ProbeError(f"{e}\n{still}") from e

@@ -178,8 +178,9 @@ def _misses(misses: list[Any]) -> list[str]:
         out.append(f"  miss:     Picture {m.picture}: {m.want} read as {m.got}{lent}")
     if misses and all(m.same_colour_copy for m in misses):
         out.append("  reading:  each miss took the shape of another picture of the same colour: the bundled\n"
-                   "            tiny model's known miss (32 of 200 three-image canaries; README, 'The model');\n"
-                   "            a wrong colour or an unnamed picture would point at the pipeline instead")
+                   "            tiny model's known miss (32 of 200 3-image requests with colours drawn freely;\n"
+                   "            README, 'The model'); "
+                   "a wrong colour or an unnamed picture would point at the pipeline")
     elif misses:
         out.append("  reading:  a wrong colour, an unnamed picture or another picture's whole item is not the\n"
                    "            tiny model's usual miss: check the transfers with `epdctl check --canary CLUSTER`")

@@ -61,6 +61,10 @@ def test_up_ran_the_canary(cluster: Cluster) -> None:
     # The canary draws fresh random shapes each `up`, so its verdict is reported, not asserted
     # here; the fixed-seed requests below check correctness deterministically.
     assert "verdict:  correct" in out or "verdict:  NOT correct" in out, out
+    # ... each in its own colour, so an image read in another's place shows as a wrong colour
+    expected = next(line for line in out.splitlines() if line.strip().startswith("expected:"))
+    items = shapes.parse_answer(expected.replace(" | ", "\n"), 3)
+    assert all(items) and len({it.colour for it in items if it}) == 3, expected
 
 
 def test_status_json_shows_every_worker_healthy(cluster: Cluster) -> None:
