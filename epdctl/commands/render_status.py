@@ -179,7 +179,7 @@ def _misses(misses: list[Any]) -> list[str]:
     if misses and all(m.same_colour_copy for m in misses):
         out.append("  reading:  each miss took the shape of another picture of the same colour: the bundled\n"
                    "            tiny model's known miss (32 of 200 3-image requests with colours drawn freely;\n"
-                   "            README, 'The model'); "
+                   "            docs/model.md); "
                    "a wrong colour or an unnamed picture would point at the pipeline")
     elif misses:
         out.append("  reading:  a wrong colour, an unnamed picture or another picture's whole item is not the\n"
