@@ -18,7 +18,7 @@ def test_durations_are_shown_and_the_workers_wall_clock_stamps_are_not() -> None
     assert line == "  timings:  encode_ms=48.4 kv_bytes=136660.0 ttft_ms=75.0"
 
 
-def _result(items: list[str], answer: str) -> CanaryResult:
+def _result(items: list[str], answer: str, model: str = "tiny-qwen2vl") -> CanaryResult:
     from epdctl.canary.request import find_misses
     from epdctl.shapes import Item, parse_answer
 
@@ -28,7 +28,7 @@ def _result(items: list[str], answer: str) -> CanaryResult:
     return CanaryResult(question="What is in each image?", answer=answer, correct=not misses,
                         expected="\n".join(f"Picture {i}: {s}" for i, s in enumerate(items, 1)),
                         named=sum(g == d for g, d in zip(got, drawn)), n_images=len(drawn), seconds=0.09,
-                        misses=misses)
+                        misses=misses, model=model)
 
 
 def test_a_same_colour_copy_is_named_as_the_models_known_miss() -> None:
@@ -52,3 +52,11 @@ def test_a_wrong_colour_or_an_unnamed_picture_points_at_the_transfers() -> None:
 def test_a_right_answer_has_no_miss_lines() -> None:
     res = _result(["red square"], "Picture 1: red square")
     assert res.misses == [] and "miss" not in render_canary(res)
+
+
+def test_another_models_same_colour_miss_is_not_blamed_on_the_tiny_model() -> None:
+    out = render_canary(_result(["red square", "green square", "green triangle"],
+                                "Picture 1: red square\nPicture 2: green triangle\nPicture 3: green triangle",
+                                model="Qwen2-VL-7B-Instruct"))
+    assert "(the item of Picture 3, same colour)" in out
+    assert "a reading\n            miss of the model" in out and "tiny" not in out

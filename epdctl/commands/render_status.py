@@ -166,8 +166,8 @@ def _printable(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _misses(misses: list[Any]) -> list[str]:
-    """One line per wrong image, then what the pattern points at."""
+def _misses(misses: list[Any], model: str) -> list[str]:
+    """One line per wrong image, then what the pattern points at (``model``: the served name)."""
     out = []
     for m in misses:
         if m.got is None:
@@ -176,7 +176,10 @@ def _misses(misses: list[Any]) -> list[str]:
         lent = (f" (the item of Picture {', '.join(map(str, m.lent_by))}, same colour)" if m.same_colour_copy
                 else f" (the item of Picture {', '.join(map(str, m.lent_by))})" if m.lent_by else "")
         out.append(f"  miss:     Picture {m.picture}: {m.want} read as {m.got}{lent}")
-    if misses and all(m.same_colour_copy for m in misses):
+    if misses and all(m.same_colour_copy for m in misses) and "tiny-qwen2vl" not in model:
+        out.append("  reading:  each miss took the shape of another picture of the same colour: a reading\n"
+                   "            miss of the model; a wrong colour or an unnamed picture would point at the pipeline")
+    elif misses and all(m.same_colour_copy for m in misses):
         out.append("  reading:  each miss took the shape of another picture of the same colour: the bundled\n"
                    "            tiny model's known miss (32 of 200 3-image requests with colours drawn freely;\n"
                    "            docs/model.md); "
@@ -196,7 +199,7 @@ def render_canary(res: Any) -> str:
            "  expected: " + res.expected.replace("\n", " | "),
            "  answer:   " + (_printable(res.answer)[:300] or "(empty)"),
            f"  verdict:  {verdict}  ({res.seconds * 1000:.0f} ms end to end)"]
-    out += _misses(getattr(res, "misses", []))
+    out += _misses(getattr(res, "misses", []), res.model)
     if res.timings:
         cells = []
         for k, v in res.timings.items():
