@@ -72,7 +72,7 @@ class DecodeEngine:
         self.packed = packed_for(self.lm, self.lm_head)  # oneDNN GEMMs for steps of MIN_ROWS+ rows
         self.threads = StepThreads(macs_per_row(self.lm, self.lm_head))  # the pool only for big steps
         self.native = kernel() if bundle.dtype == torch.float32 else None  # C attention, else torch's
-        self.lean = lean_for(self.lm, self.lm_head, self.native, bundle.dtype)  # the step without modules
+        self.lean = lean_for(self.lm, self.lm_head, self.native, bundle.dtype, max_running)  # no modules
         self.steps = 0
         self.forward_passes = 0
 

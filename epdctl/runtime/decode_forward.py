@@ -32,7 +32,6 @@ from .native_attention import attend
 from .packed_gemm import MAX_COPY_BYTES, PackedLayers
 
 log = logging.getLogger(__name__)
-CHECK_ROWS = (1, 2, 3, 8, 16, 33)  # step widths whose fused GEMMs are compared with the separate ones
 
 
 def _act(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -124,8 +123,10 @@ class LeanForward:
         return logits.float()
 
 
-def lean_for(lm: Any, lm_head: torch.nn.Linear, native: ctypes.CDLL | None, dtype: torch.dtype) -> LeanForward | None:
-    """A LeanForward for ``lm`` when it is a model this forward was written for; else None."""
+def lean_for(lm: Any, lm_head: torch.nn.Linear, native: ctypes.CDLL | None, dtype: torch.dtype,
+             max_rows: int = 64) -> LeanForward | None:
+    """A LeanForward for ``lm`` when it is a model this forward was written for and its fused GEMMs
+    give the separate ones' bits at every step width up to ``max_rows``; else None."""
     if native is None or dtype != torch.float32:
         return None
     if type(lm).__name__ != "Qwen2VLTextModel":  # M-RoPE positions [3, n, 1], as the engine passes
@@ -140,25 +141,33 @@ def lean_for(lm: Any, lm_head: torch.nn.Linear, native: ctypes.CDLL | None, dtyp
         lean = LeanForward(lm, lm_head, native)
     except (AttributeError, ValueError, TypeError):
         return None
-    if not fuses_exactly(lm.layers[0]):
+    if not fuses_exactly(lm.layers[0], max_rows):
         log.info("decode: the fused q/k/v or gate/up GEMM does not give the separate GEMMs' bits on "
                  "this host; decode steps run through the model's modules")
         return None
     return lean
 
 
-def fuses_exactly(layer: Any) -> bool:
+def check_widths(max_rows: int) -> list[int]:
+    """The step widths ``fuses_exactly`` compares: 1..64, then powers of two, then ``max_rows``."""
+    wide = [1 << k for k in range(7, max(7, max_rows.bit_length()))]
+    return sorted({*range(1, min(max_rows, 64) + 1), *(w for w in wide if w <= max_rows), max(max_rows, 1)})
+
+
+def fuses_exactly(layer: Any, max_rows: int = 64) -> bool:
     """Whether q/k/v (and gate/up) as one GEMM give exactly the separate GEMMs' values here.
 
     The fused GEMM has more output columns; whether the BLAS keeps each column's reduction order
     then depends on its kernels, hence on the host. Tokens must equal the module path's, so the
-    lean forward is used only where a check at the step widths it will see says so (every layer
-    has the same shapes, so the first one stands for all)."""
+    lean forward is used only where a check at the step widths it can see says so: every width
+    up to 64 (the runtime's default most running sequences), then each power of two and
+    ``max_rows`` itself (a full sweep of a larger batch costs seconds at start); every layer has
+    the same shapes, so the first one stands for all."""
     fused = _Layer(layer, 0)
     attn, mlp = layer.self_attn, layer.mlp
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for n in CHECK_ROWS:
+        for n in check_widths(max_rows):
             h = torch.randn(n, fused.wqkv.shape[1], generator=gen, dtype=fused.wqkv.dtype)
             apart = torch.cat([F.linear(h, p.weight, p.bias) for p in (attn.q_proj, attn.k_proj, attn.v_proj)], -1)
             if not torch.equal(F.linear(h, fused.wqkv, fused.bqkv), apart):

@@ -72,3 +72,31 @@ def test_no_lean_forward_where_the_fused_gemm_changes_the_bits(bundle, monkeypat
     monkeypatch.setattr(decode_forward.F, "linear", other_blas)
     assert not decode_forward.fuses_exactly(lm.layers[0])
     assert decode_forward.lean_for(lm, head, native, torch.float32) is None
+
+
+def test_the_check_covers_every_width_the_engine_can_step() -> None:
+    assert decode_forward.check_widths(64) == list(range(1, 65))  # the runtime's default batch
+    assert decode_forward.check_widths(5) == [1, 2, 3, 4, 5]
+    assert decode_forward.check_widths(300) == list(range(1, 65)) + [128, 256, 300]
+
+
+@needs_native
+def test_a_width_between_the_old_samples_is_checked_too(bundle, monkeypatch):
+    """A BLAS that changes the fused GEMM's bits only at 40 rows (a width the engine may step but
+    the first check never tried) keeps the decode on the modules' path; an engine that never runs
+    more than 32 sequences can still take the lean forward."""
+    lm, head = bundle.model.model.language_model, bundle.model.lm_head
+    native = kernel()
+    attn = lm.layers[0].self_attn
+    fused_width = attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features
+    real = torch.nn.functional.linear
+
+    def other_blas_at_40(x, w, b=None):
+        out = real(x, w, b)
+        return out + 1e-7 * out if w.shape[0] == fused_width and x.shape[0] == 40 else out
+
+    monkeypatch.setattr(decode_forward.F, "linear", other_blas_at_40)
+    assert decode_forward.lean_for(lm, head, native, torch.float32) is None
+    assert decode_forward.lean_for(lm, head, native, torch.float32, max_rows=32) is not None
+    assert DecodeEngine(bundle, max_running=32).lean is not None
+    assert DecodeEngine(bundle, max_running=64).lean is None
