@@ -37,29 +37,24 @@ class CanaryResult:
 
 @dataclass
 class Miss:
-    """One image the answer got wrong: what was drawn, what was read (None: not named), and the
-    other pictures of the request whose item is what was read (a same-colour image lending its
-    shape is the tiny model's known miss; a wrong colour or an unnamed image is not)."""
+    """One image the answer got wrong: the item drawn, the item read (None: not named), and the
+    other pictures of the request drawn as what was read."""
 
     picture: int
-    want: str
-    got: str | None
+    want: Any                   # shapes.Item
+    got: Any | None
     lent_by: list[int] = field(default_factory=list)
 
     @property
     def same_colour_copy(self) -> bool:
-        return bool(self.lent_by) and self.got is not None and self.got.split()[0] == self.want.split()[0]
+        """Another picture's item, of this picture's colour: the tiny model's known miss."""
+        return self.got is not None and bool(self.lent_by) and self.got.colour == self.want.colour
 
 
 def find_misses(items: list[Any], got: list[Any]) -> list[Miss]:
     """The wrong images of an answer (``items`` drawn, ``got`` read back by ``parse_answer``)."""
-    out = []
-    for k, (want, read) in enumerate(zip(items, got), start=1):
-        if read == want:
-            continue
-        lent = [j for j, other in enumerate(items, start=1) if j != k and read is not None and other == read]
-        out.append(Miss(k, str(want), None if read is None else str(read), lent))
-    return out
+    return [Miss(k, want, read, [j for j, other in enumerate(items, start=1) if read is not None and other == read])
+            for k, (want, read) in enumerate(zip(items, got), start=1) if read != want]
 
 
 def data_url(png: bytes) -> str:
@@ -93,8 +88,9 @@ def run_canary(router_url: str, *, model: str | None = None, api_key_env: str | 
 
     ``plain`` draws white-background centred shapes (the canary's default); ``False`` draws the
     varied ones (size, position, background) used to measure held-out accuracy.
-    ``distinct_colours`` gives each image its own colour (`up`'s check of a new cluster: images
-    read out of order show as wrong colours, and the tiny model's same-colour miss cannot occur).
+    ``distinct_colours`` gives each of up to four images its own colour (`up`'s check of a new
+    cluster: images read out of order show as wrong colours, and the tiny model's same-colour miss
+    cannot occur); more images draw colours freely.
     """
     from epdctl import shapes  # PIL is imported only when a canary actually runs
 

@@ -170,24 +170,20 @@ def _misses(misses: list[Any], model: str) -> list[str]:
     """One line per wrong image, then what the pattern points at (``model``: the served name)."""
     out = []
     for m in misses:
-        if m.got is None:
-            out.append(f"  miss:     Picture {m.picture}: {m.want}, not named")
-            continue
-        lent = (f" (the item of Picture {', '.join(map(str, m.lent_by))}, same colour)" if m.same_colour_copy
-                else f" (the item of Picture {', '.join(map(str, m.lent_by))})" if m.lent_by else "")
-        out.append(f"  miss:     Picture {m.picture}: {m.want} read as {m.got}{lent}")
-    if misses and all(m.same_colour_copy for m in misses) and "tiny-qwen2vl" not in model:
-        out.append("  reading:  each miss took the shape of another picture of the same colour: a reading\n"
-                   "            miss of the model; a wrong colour or an unnamed picture would point at the pipeline")
-    elif misses and all(m.same_colour_copy for m in misses):
-        out.append("  reading:  each miss took the shape of another picture of the same colour: the bundled\n"
-                   "            tiny model's known miss (32 of 200 3-image requests with colours drawn freely;\n"
-                   "            docs/model.md); "
-                   "a wrong colour or an unnamed picture would point at the pipeline")
-    elif misses:
-        out.append("  reading:  a wrong colour, an unnamed picture or another picture's whole item is not the\n"
-                   "            tiny model's usual miss: check the transfers with `epdctl check --canary CLUSTER`")
-    return out
+        pictures = ", ".join(map(str, m.lent_by))
+        lent = (f" (the item of Picture {pictures}, same colour)" if m.same_colour_copy
+                else f" (the item of Picture {pictures})" if m.lent_by else "")
+        out.append(f"  miss:     Picture {m.picture}: {m.want}, not named" if m.got is None
+                   else f"  miss:     Picture {m.picture}: {m.want} read as {m.got}{lent}")
+    if not misses:
+        return out
+    if not all(m.same_colour_copy for m in misses):
+        return out + ["  reading:  a wrong colour, an unnamed picture or another picture's whole item is not the\n"
+                      "            tiny model's usual miss: check the transfers with `epdctl check --canary CLUSTER`"]
+    whose = ("the bundled\n            tiny model's known miss (docs/model.md)" if "tiny-qwen2vl" in model
+             else "a reading\n            miss of the model")
+    return out + [f"  reading:  each miss took the shape of another picture of the same colour: {whose};\n"
+                  "            a wrong colour or an unnamed picture would point at the pipeline"]
 
 
 def render_canary(res: Any) -> str:
@@ -199,7 +195,7 @@ def render_canary(res: Any) -> str:
            "  expected: " + res.expected.replace("\n", " | "),
            "  answer:   " + (_printable(res.answer)[:300] or "(empty)"),
            f"  verdict:  {verdict}  ({res.seconds * 1000:.0f} ms end to end)"]
-    out += _misses(getattr(res, "misses", []), res.model)
+    out += _misses(res.misses, res.model)
     if res.timings:
         cells = []
         for k, v in res.timings.items():

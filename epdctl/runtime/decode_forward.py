@@ -141,7 +141,7 @@ def lean_for(lm: Any, lm_head: torch.nn.Linear, native: ctypes.CDLL | None, dtyp
         lean = LeanForward(lm, lm_head, native)
     except (AttributeError, ValueError, TypeError):
         return None
-    if not fuses_exactly(lm.layers[0], max_rows):
+    if not fuses_exactly(lm.layers[0], max_rows, lean.layers[0]):
         log.info("decode: the fused q/k/v or gate/up GEMM does not give the separate GEMMs' bits on "
                  "this host; decode steps run through the model's modules")
         return None
@@ -154,7 +154,7 @@ def check_widths(max_rows: int) -> list[int]:
     return sorted({*range(1, min(max_rows, 64) + 1), *(w for w in wide if w <= max_rows), max(max_rows, 1)})
 
 
-def fuses_exactly(layer: Any, max_rows: int = 64) -> bool:
+def fuses_exactly(layer: Any, max_rows: int = 64, fused: "_Layer | None" = None) -> bool:
     """Whether q/k/v (and gate/up) as one GEMM give exactly the separate GEMMs' values here.
 
     The fused GEMM has more output columns; whether the BLAS keeps each column's reduction order
@@ -162,8 +162,9 @@ def fuses_exactly(layer: Any, max_rows: int = 64) -> bool:
     lean forward is used only where a check at the step widths it can see says so: every width
     up to 64 (the runtime's default most running sequences), then each power of two and
     ``max_rows`` itself (a full sweep of a larger batch costs seconds at start); every layer has
-    the same shapes, so the first one stands for all."""
-    fused = _Layer(layer, 0)
+    the same shapes, so the first one stands for all. ``fused``: the layer's fused copy when the
+    caller has built it already."""
+    fused = fused or _Layer(layer, 0)
     attn, mlp = layer.self_attn, layer.mlp
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
