@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -205,6 +205,27 @@ def test_up_is_done_only_when_the_router_routes_to_every_worker(state_dir: Path)
         client = RouterClient(plan.router.url, KEY_ENV)
         healthy = sorted(w.url for w in client.workers() if w.healthy)
         assert healthy == [f"http://127.0.0.1:{p}" for p in (34502, 34504, 34505)], healthy
+    finally:
+        tear_down(cdir.load() or st, lau)
+
+
+def test_up_waits_for_every_worker_a_static_router_command_names(state_dir: Path) -> None:
+    """The same when the router's command names its workers (`--prefill URL PORT --decode URL`,
+    as `render` writes for smg): smg activates each through its own job and reads ready with one
+    decode, so `up` must count the healthy workers it lists (seen in CI: a test right after `up`
+    found one of two decodes routed)."""
+    plan = _plan(34150)
+    plan.workers.append(_worker("decode-1", "decode", 34155, "--router-unhealthy-for", "10"))
+    static = ("--prefill", "http://127.0.0.1:34152", "34153",
+              "--decode", "http://127.0.0.1:34154", "--decode", "http://127.0.0.1:34155")
+    plan.router = replace(plan.router, argv=plan.router.argv + static)
+    cdir, st = _new("static")
+    lau = LocalLauncher()
+    try:
+        BringUp(lau, cdir, st, timeout=60).run(plan)
+        client = RouterClient(plan.router.url, KEY_ENV)
+        healthy = sorted(w.url for w in client.workers() if w.healthy)
+        assert healthy == [f"http://127.0.0.1:{p}" for p in (34152, 34154, 34155)], healthy
     finally:
         tear_down(cdir.load() or st, lau)
 

@@ -70,6 +70,19 @@ def _all_healthy_on(client: RouterClient, urls: set[str]) -> bool:
     return urls <= listed
 
 
+def _enough_healthy_on(client: RouterClient, n: int) -> bool:
+    """At least ``n`` prefill/decode/regular workers listed healthy: the same wait for a router
+    whose command names its workers (smg activates each through its own job, after its
+    ``/readiness`` already reads ready). A router without ``GET /workers`` cannot tell: ready."""
+    if n == 0:
+        return True
+    try:
+        listed = client.workers()
+    except ProbeError:
+        return True
+    return sum(w.healthy and w.worker_type in ROUTER_TYPES.values() for w in listed) >= n
+
+
 def _healthy(rec: ProcessRecord) -> bool:
     """One probe. A probe to a port nothing listens on yet can connect to itself (TCP
     self-connect in the ephemeral range) and read its own request back: "not ready yet"."""
@@ -155,6 +168,7 @@ class BringUp:
         pending = {r.name: r for r in recs}
         to_register = [r for r in recs if register and r.is_leader and r.role in ROUTER_TYPES]
         routed = {r.url.rstrip("/") for r in to_register}
+        static = 0 if register or router is None else sum(r.is_leader and r.role in ROUTER_TYPES for r in recs)
         router_alive = False
         shown: dict[str, int] = {}
         totals = {role: sum(r.role == role for r in recs) for role in (*ROLE_ORDER, "router")}
@@ -173,7 +187,7 @@ class BringUp:
                     if router_alive:
                         to_register = self._register(client, to_register, pending)
                         if (not to_register and client.readiness()[0]
-                                and _all_healthy_on(client, routed)):
+                                and _all_healthy_on(client, routed) and _enough_healthy_on(client, static)):
                             del pending[router.name]
                             self.ready_at[router.name] = time.monotonic()
                 elapsed = time.monotonic() - t0
