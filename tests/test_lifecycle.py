@@ -192,21 +192,32 @@ def test_full_cycle_with_real_router(state_dir: Path) -> None:
     assert kept.exit_code == 0 and "dummy decode ready" in kept.output
 
 
-def test_up_is_done_only_when_the_router_routes_to_every_worker(state_dir: Path) -> None:
-    """smg's /readiness wants one healthy prefill and decode; a second decode that smg does not
-    see healthy yet (its probes get 503 for 10 s, epdctl's get 200) must hold `up` until smg
-    lists it healthy, so a client right after `up` reaches every worker."""
-    plan = _plan(34500)
-    plan.workers.append(_worker("decode-1", "decode", 34505, "--router-unhealthy-for", "10"))
-    cdir, st = _new("late")
+def _late_decode_is_routed_after_up(base: int, name: str, static: bool) -> None:
+    """`up` a plan whose second decode answers smg's probes 503 for 10 s (epdctl's get 200);
+    after `up`, smg must list every prefill/decode worker healthy. ``static``: the router's
+    command names the workers instead of epdctl registering them."""
+    plan = _plan(base)
+    plan.workers.append(_worker("decode-1", "decode", base + 5, "--router-unhealthy-for", "10"))
+    if static:
+        named = ("--prefill", f"http://127.0.0.1:{base + 2}", str(base + 3),
+                 "--decode", f"http://127.0.0.1:{base + 4}", "--decode", f"http://127.0.0.1:{base + 5}")
+        plan.router = replace(plan.router, argv=plan.router.argv + named)
+    cdir, st = _new(name)
     lau = LocalLauncher()
     try:
         BringUp(lau, cdir, st, timeout=60).run(plan)
         client = RouterClient(plan.router.url, KEY_ENV)
         healthy = sorted(w.url for w in client.workers() if w.healthy)
-        assert healthy == [f"http://127.0.0.1:{p}" for p in (34502, 34504, 34505)], healthy
+        assert healthy == [f"http://127.0.0.1:{p}" for p in (base + 2, base + 4, base + 5)], healthy
     finally:
         tear_down(cdir.load() or st, lau)
+
+
+def test_up_is_done_only_when_the_router_routes_to_every_worker(state_dir: Path) -> None:
+    """smg's /readiness wants one healthy prefill and decode; a second decode that smg does not
+    see healthy yet must hold `up` until smg lists it healthy, so a client right after `up`
+    reaches every worker."""
+    _late_decode_is_routed_after_up(34500, "late", static=False)
 
 
 def test_up_waits_for_every_worker_a_static_router_command_names(state_dir: Path) -> None:
@@ -214,20 +225,7 @@ def test_up_waits_for_every_worker_a_static_router_command_names(state_dir: Path
     as `render` writes for smg): smg activates each through its own job and reads ready with one
     decode, so `up` must count the healthy workers it lists (seen in CI: a test right after `up`
     found one of two decodes routed)."""
-    plan = _plan(34150)
-    plan.workers.append(_worker("decode-1", "decode", 34155, "--router-unhealthy-for", "10"))
-    static = ("--prefill", "http://127.0.0.1:34152", "34153",
-              "--decode", "http://127.0.0.1:34154", "--decode", "http://127.0.0.1:34155")
-    plan.router = replace(plan.router, argv=plan.router.argv + static)
-    cdir, st = _new("static")
-    lau = LocalLauncher()
-    try:
-        BringUp(lau, cdir, st, timeout=60).run(plan)
-        client = RouterClient(plan.router.url, KEY_ENV)
-        healthy = sorted(w.url for w in client.workers() if w.healthy)
-        assert healthy == [f"http://127.0.0.1:{p}" for p in (34152, 34154, 34155)], healthy
-    finally:
-        tear_down(cdir.load() or st, lau)
+    _late_decode_is_routed_after_up(34150, "static", static=True)
 
 
 def test_worker_dying_during_up_stops_everything(state_dir: Path) -> None:
