@@ -6,7 +6,7 @@ KV -> decode), not in one process: per-image (colour and shape both right) and p
     .venv/bin/epdctl down local
 
 Seeds are fixed (base seed + request index) and decoding is greedy, so a run is repeatable;
-none of these seeds is used in training (scripts/train_tiny_vlm.py draws from its own seeds).
+none of these seeds is used in training (lab/model/train_tiny_vlm.py draws from its own seeds).
 Writes benchmarks/results/accuracy_split.json.
 """
 

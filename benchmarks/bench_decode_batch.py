@@ -8,7 +8,7 @@ Every turn (``--reps``) runs both sides of every row, in alternating order, so a
 shared host's load hits both; reported are the least time (best turn), the median of the turns,
 and the median of each turn's own ratio. Besides whole runs (what a client sees: the join step,
 where each prefill's KV is copied into its slot, and every later step), the steady steps alone
-(after the join) are timed: that figure is what ``ab_decode_step.py`` measures, step blocks of
+(after the join) are timed: that figure is what ``lab/benchmarks/ab_decode_step.py`` measures, step blocks of
 long-lived engines.
 Modes: greedy; greedy with streams joining one per step while the batch runs (continuous
 batching; its 1-stream side is the greedy one of the same turn); sampled (temperature 0.8,
@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_stages import model_dir  # noqa: E402
-from epdctl.runtime.decode_engine import DecodeEngine  # noqa: E402
+from epdctl.runtime.fast.decode import FastDecodeEngine as DecodeEngine  # noqa: E402
 from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
 from epdctl.runtime.model import load_bundle  # noqa: E402
 from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402

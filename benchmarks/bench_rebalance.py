@@ -1,6 +1,6 @@
 """Cost of a live role switch, in place vs restart: per-step time and client latency around it.
 
-Starts a 1-encoder / 1-prefill / 2-decode embedded cluster with ``rebalance: {in_place: true}``
+Starts a 1-encoder / 1-prefill / 2-decode embedded cluster (switchable: the default)
 (ports 38800-38899, state in a temp dir) with `epdctl up`, keeps ``--clients`` request loops
 running the whole time (openai client, 2-4 images, through the router), measures a baseline
 window, then moves decode-1 to encoder and back twice: in place (`rebalance --encoder +1 --from
@@ -11,7 +11,11 @@ the baseline, failed requests, and the goals (in place within drain + 2 s; p99 d
 before; 0 failed). Measured, not asserted (the host is shared). Writes
 benchmarks/results/rebalance.json.
 
-    nice -n 10 .venv/bin/python benchmarks/bench_rebalance.py [--clients 2] [--baseline 30]
+``--layout local`` runs the default topologies/local.yaml instead (2 E / 1 P / 1 D, no rebalance
+key: in place is the default; ports moved to 38800+): encoder-1 -> decode and back, in place,
+then the same two moves with ``--restart``.
+
+    nice -n 10 .venv/bin/python benchmarks/bench_rebalance.py [--clients 2] [--baseline 30] [--layout local]
 """
 
 from __future__ import annotations
@@ -40,6 +44,15 @@ from epdctl import shapes  # noqa: E402
 from epdctl.canary import build_messages  # noqa: E402
 
 BASE = 38800
+
+
+def local_layout(base: int) -> dict[str, Any]:
+    """topologies/local.yaml as shipped (no rebalance key), its model path made absolute and its
+    ports moved to base..base+99."""
+    doc = yaml.safe_load((ROOT / "topologies" / "local.yaml").read_text())
+    doc["model"]["path"] = str((ROOT / "topologies" / doc["model"]["path"]).resolve())
+    doc["ports"] = {"base": base, "limit": base + 99}
+    return doc
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -93,10 +106,17 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--baseline", type=float, default=30.0, help="seconds of baseline load")
     ap.add_argument("--gap", type=float, default=5.0, help="seconds of load between moves")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rebalance.json")
+    ap.add_argument("--layout", choices=("switchable", "local"), default="switchable",
+                    help="switchable: 1 E / 1 P / 2 D, decode -> encoder and back; local: "
+                         "topologies/local.yaml as shipped, encoder -> decode and back")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default benchmarks/results/rebalance.json (rebalance-local.json for --layout local)")
     args = ap.parse_args()
+    args.out = args.out or ROOT / "benchmarks" / "results" / (
+        "rebalance.json" if args.layout == "switchable" else "rebalance-local.json")
     tmp = Path(tempfile.mkdtemp(prefix="bench-rebalance-"))
-    topo = {**switchable_layout(BASE), "name": "bench-rb"}
+    topo = {**(switchable_layout(BASE) if args.layout == "switchable" else local_layout(BASE)),
+            "name": "bench-rb"}
     path = tmp / "bench-rb.yaml"
     path.write_text(yaml.safe_dump(topo))
     env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
@@ -123,6 +143,8 @@ def main() -> None:
         time.sleep(args.baseline)
         base_end = time.time()
         there, back = ("--encoder", "+1", "--from", "decode"), ("--decode", "+1", "--from", "encoder")
+        if args.layout == "local":
+            there, back = back, there
         for req in (there, back, (*there, "--restart"), (*back, "--restart")):
             t0 = time.time()
             r = epdctl("rebalance", "bench-rb", *req, "--yes")
@@ -142,7 +164,8 @@ def main() -> None:
                 "mean_s": round(statistics.mean(xs), 3) if xs else None}
 
     baseline = [r for r in results if r["end"] <= base_end]
-    report: dict[str, Any] = {"clients": args.clients, "baseline": lat(baseline), "switches": []}
+    report: dict[str, Any] = {"layout": args.layout, "clients": args.clients, "baseline": lat(baseline),
+                              "switches": []}
     for sw, rec in zip(switches, hist):
         a, b = sw["window"]
         during = [r for r in results if r["start"] < b and r["end"] > a]

@@ -1,6 +1,6 @@
 """`rebalance --auto --apply` on a live cluster whose load changes shape: the timeline.
 
-Starts a 1-encoder / 1-prefill / 2-decode embedded cluster with ``rebalance: {in_place: true}``
+Starts a 1-encoder / 1-prefill / 2-decode embedded cluster (switchable: the default)
 (ports 38500-38599, state in a temp dir), runs ``--clients`` request loops through the router
 (images-heavy: ``--images`` fresh images per request and 8 output tokens; then text-only: no
 image, ``--text-tokens`` output tokens) and, beside them, `epdctl rebalance --auto --apply`

@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from epdctl.runtime.decode_engine import DecodeEngine  # noqa: E402
+from epdctl.runtime.fast.decode import FastDecodeEngine as DecodeEngine  # noqa: E402
 from epdctl.runtime.encoder_engine import VisionEncoder  # noqa: E402
 from epdctl.runtime.model import load_bundle  # noqa: E402
 from epdctl.runtime.prefill_engine import LanguagePrefill  # noqa: E402

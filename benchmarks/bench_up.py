@@ -1,4 +1,4 @@
-"""`up` time against the slowest worker's own ready time, all-at-once vs the old role-by-role order.
+"""`up` time against the slowest worker's own ready time, all roles at once vs role by role.
 
 For each launcher (local; ssh over real sshd nodes on 127.0.0.2-4) and each order, one run of
 `up`'s own ``BringUp`` over topologies/local.yaml's cluster (2 encoders, 1 prefill, 1 decode,
@@ -9,7 +9,7 @@ the smg router; embedded engine, real torch workers) measures, side by side in t
   long the slowest worker alone takes to load; ``up_s / slowest_worker_s`` is the overhead of
   the bring-up order (the goal for all-at-once: <= 1.2).
 
-"sequential" replays the order `up` used before: start a role, wait for it, then the next role,
+"sequential" starts the roles one by one: start a role, wait for it, then the next role,
 then the router (same launcher calls, same health probes). Short runs: ``--repeat 1`` is what
 the docs quote. Prints JSON and writes benchmarks/results/up.json.
 
@@ -35,9 +35,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from sshd_nodes import SshdNodes  # noqa: E402
 
 from epdctl.launchers import get_launcher  # noqa: E402
-from epdctl.launchers.lifecycle import ROLE_ORDER, BringUp, records_of, tear_down  # noqa: E402
+from epdctl.orchestrate.lifecycle import ROLE_ORDER, BringUp, records_of, tear_down  # noqa: E402
 from epdctl.render import build_plan  # noqa: E402
-from epdctl.state import ClusterDir, ClusterState  # noqa: E402
+from epdctl.state.store import ClusterDir, ClusterState  # noqa: E402
 from epdctl.topology import load_topology  # noqa: E402
 
 SSHD_PORT = 35026

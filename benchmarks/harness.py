@@ -67,13 +67,12 @@ def with_ports_and_env(doc: dict[str, Any], port_base: int,
 
 def switchable_layout(base: int, decodes: int = 2) -> dict[str, Any]:
     """The rebalance benchmarks' cluster: 1 encoder, 1 prefill, ``decodes`` decodes, all switchable
-    (``rebalance: {in_place: true}``), the tiny model, ports base..base+99."""
+    (in place is the default), the tiny model, ports base..base+99."""
     return {
         "engine": "embedded", "launcher": "local",
         "model": {"path": str(ROOT / "models" / "tiny-qwen2vl"), "served_name": "tiny-qwen2vl",
                   "architecture": "Qwen2VLForConditionalGeneration"},
         "ports": {"base": base, "limit": base + 99}, "transfer": {"backend": "zmq"},
-        "rebalance": {"in_place": True},
         "nodes": [{"name": "local", "host": "127.0.0.1", "shared": True}],
         "roles": {"encoder": {"nodes": ["local"], "count": 1},
                   "prefill": {"nodes": ["local"], "count": 1},

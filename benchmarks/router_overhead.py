@@ -17,7 +17,7 @@ from pathlib import Path
 
 from epdctl import shapes
 from epdctl.canary import build_messages
-from epdctl.probes import http as http_call
+from epdctl.http.probes import http as http_call
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,8 +80,8 @@ def dummy_router_overhead(n: int, base: int) -> dict:
     (both legs concurrently, response relayed). Uses the same launcher code as `epdctl up`.
     """
     from epdctl.launchers.local import LocalLauncher
-    from epdctl.routerctl import RouterClient, with_local_health_flags
-    from epdctl.state import ProcessRecord
+    from epdctl.http.routerctl import RouterClient, with_local_health_flags
+    from epdctl.state.store import ProcessRecord
 
     dummy = str(ROOT / "tests" / "e2e" / "dummy_worker.py")
     lau = LocalLauncher()

@@ -14,7 +14,7 @@ import sys
 import click
 
 from epdctl import __version__
-from epdctl.errors import EpdctlError
+from epdctl.errors import EpdctlError, Reported
 
 # (module under epdctl.commands, attribute) for every command; imported lazily so that
 # `epdctl --help` and `epdctl validate` never pay for what other commands import.
@@ -35,6 +35,8 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "schema": ("schema", "schema"),
     "init": ("init", "init"),
     "import": ("import_cmd", "import_"),
+    "stage": ("stage", "stage"),
+    "diff": ("lock", "diff"),
 }
 
 
@@ -49,6 +51,13 @@ class _LazyGroup(click.Group):
         if not _module_exists(mod):
             return None
         return getattr(importlib.import_module(f"epdctl.commands.{mod}"), attr)
+
+    def invoke(self, ctx: click.Context) -> object:
+        """A command that raised ``Reported`` has shown its outcome: only its exit code is left."""
+        try:
+            return super().invoke(ctx)
+        except Reported as e:
+            ctx.exit(e.exit_code)
 
 
 def _module_exists(mod: str) -> bool:
@@ -113,8 +122,9 @@ def _run(argv: list[str] | None) -> None:
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except EpdctlError as e:
-        _say(f"error: {e}")
-        sys.exit(1)
+        if str(e):
+            _say(f"error: {e}")
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
         sys.exit(130)

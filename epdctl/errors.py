@@ -2,7 +2,7 @@
 
 Every message says what went wrong, where (a YAML path such as ``roles.prefill.workers[0].tp``
 or a ``[node/worker]`` prefix) and what to do next. ``cli.main`` turns any ``EpdctlError`` into
-a clean message and exit code 1; nothing else should reach the user as a traceback.
+a clean message and its ``exit_code`` (1); nothing else should reach the user as a traceback.
 """
 
 from __future__ import annotations
@@ -10,6 +10,17 @@ from __future__ import annotations
 
 class EpdctlError(Exception):
     """Base of every error epdctl reports to a user."""
+
+    exit_code = 1
+
+
+class Reported(EpdctlError):
+    """The command has already shown what failed (a report whose verdict is a failure, a list of
+    problems): the boundary adds no message and exits with ``exit_code``."""
+
+    def __init__(self, exit_code: int = 1):
+        super().__init__("")
+        self.exit_code = exit_code
 
 
 class TopologyError(EpdctlError):
@@ -60,3 +71,7 @@ class StateError(EpdctlError):
 
 class ProbeError(EpdctlError):
     """A health, status or link probe failed in a way the user must act on."""
+
+
+class StageError(EpdctlError):
+    """Downloading the weights or copying them to the nodes failed (the message names the nodes)."""

@@ -1,6 +1,6 @@
 """Generated-shapes images: the vocabulary the tiny Qwen2-VL checkpoint is trained on.
 
-One module feeds training (``scripts/train_tiny_vlm.py``), the tests, the post-launch canary
+One module feeds training (``lab/model/train_tiny_vlm.py``), the tests, the post-launch canary
 and the benchmarks, so every party draws the same kind of picture and scores answers the
 same way. Stdlib at import (no torch, no Pillow): the control plane imports it. Plain pictures
 (the canaries') come from ``shapes_plain/*.png``, drawn once by :func:`draw` and packaged, so a

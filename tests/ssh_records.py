@@ -11,7 +11,7 @@ from sshd_nodes import SshdNodes
 
 from epdctl.launchers.ssh import SSHLauncher
 from epdctl.launchers.ssh.conn import SSHOptions
-from epdctl.state import ProcessRecord
+from epdctl.state.store import ProcessRecord
 
 
 def sleeper(marker: str) -> tuple[str, ...]:

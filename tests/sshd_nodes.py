@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -104,7 +105,7 @@ class SshdNodes:
     """
 
     def __init__(self, root: Path, count: int, port: int = 35022, first: int = 2,
-                 extra_config: str = ""):
+                 extra_config: str = "", disks: dict[str, dict[str, str]] | None = None):
         if not sshd_available():
             raise SshdUnavailable(
                 f"{SSHD} or ssh-keygen not found; install openssh-server (apt-get install -y openssh-server)"
@@ -114,6 +115,10 @@ class SshdNodes:
         self.port = port
         self.first = first
         self.extra_config = extra_config
+        # node name -> {folder: tmpfs size}: that node's own "local disk" at folder. The node's
+        # sshd (and all it starts) runs in its own mount namespace where each folder is a
+        # private tmpfs of that size, as every machine of a cluster has its own /local/nvme.
+        self.disks = disks or {}
         self.user = getpass.getuser()
         self.nodes: list[SshNode] = []
         self.client_key = self.root / "client_key"
@@ -162,7 +167,15 @@ class SshdNodes:
             + self.extra_config
         )
         # Without -D sshd daemonizes after binding, so returning means it is listening (or failed).
-        proc = subprocess.run([SSHD, "-f", str(conf), "-E", str(log)], capture_output=True, text=True)
+        argv = [SSHD, "-f", str(conf), "-E", str(log)]
+        if self.disks.get(name):
+            mounts = []
+            for folder, size in self.disks[name].items():
+                os.makedirs(folder, exist_ok=True)
+                mounts.append(f"mount -t tmpfs -o size={size} epd-{name} {shlex.quote(folder)}")
+            argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                    " && ".join([*mounts, "exec " + shlex.join(argv)])]
+        proc = subprocess.run(argv, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"sshd for {name} failed to start ({proc.returncode}): {proc.stderr.strip()} {log}")
         # The daemon writes its pid file after forking; wait for it.
@@ -173,6 +186,12 @@ class SshdNodes:
             time.sleep(0.02)
         pid = int(pid_file.read_text().split()[0])
         return SshNode(name, host, self.port, pid, host_key, pub, log)
+
+    def on_node(self, name: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run argv in node ``name``'s mount namespace (what its own disks hold)."""
+        pid = next(n.pid for n in self.nodes if n.name == name)
+        return subprocess.run(["nsenter", "-t", str(pid), "-m", "--", *argv], capture_output=True, text=True,
+                              timeout=60)
 
     def stop(self) -> None:
         """Stop every daemon this object started (and only those)."""

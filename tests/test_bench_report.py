@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 from aiohttp import web
 
-from epdctl import metrics as scrape
+from epdctl.http import metrics as scrape
 from epdctl.bench import client, report
 from epdctl.bench.client import Sample, Target
 from epdctl.bench.workload import (RequestSource, Workload, WorkloadError, from_dict,

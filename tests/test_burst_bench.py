@@ -8,17 +8,13 @@ the bench counts every chunk with text as a gap, and a gap before a one-token ch
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_burst_isolation as bench
 
-import bench_burst_isolation as bench  # noqa: E402
-
-from epdctl.runtime import openai_out as oo  # noqa: E402
+from epdctl.runtime import openai_out as oo
 
 # (text, token ids) per chunk after the role chunk; the third carries three tokens
 CHUNKS = [("A", [11]), (" red", [12]), (" circle", [13, 14, 15]), (".", [16])]

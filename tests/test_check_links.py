@@ -245,7 +245,7 @@ def test_ssh_nodes_run_the_agent_over_real_sshd(tmp_path):
 
 def test_agent_refuses_a_source_address_the_node_does_not_have():
     """A NIC IP that is not on the sending node is reported as a wrong NIC before any traffic."""
-    res = subprocess.run([sys.executable, "-m", "epdctl.preflight.agent", "send",
+    res = subprocess.run([sys.executable, "-m", "epdctl.node.preflight_agent", "send",
                           "--to", "127.0.0.3:36999", "--src", "10.77.250.250"],
                          capture_output=True, text=True, timeout=60)
     doc = json.loads(res.stdout)

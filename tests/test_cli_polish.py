@@ -10,7 +10,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from epdctl.cli import cli
-from epdctl.state import ClusterDir, ClusterState
+from epdctl.state.store import ClusterDir, ClusterState
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ sys.meta_path.insert(0, Block())
 
 from epdctl.cli import main
 import epdctl.commands.cluster, epdctl.commands.canary, epdctl.commands.preflight_gate
-import epdctl.launchers.local, epdctl.launchers.ssh, epdctl.slurm.launcher, epdctl.launchers.lifecycle
+import epdctl.launchers.local, epdctl.launchers.ssh, epdctl.launchers.slurm.launcher, epdctl.orchestrate.lifecycle
 import epdctl.canary, epdctl.canary.pairs, epdctl.rebalance.links, epdctl.shapes
 from epdctl import shapes
 from epdctl.canary import run_canary

@@ -31,8 +31,8 @@ def test_the_index_lists_every_file_and_every_file_names_its_source():
 
 
 def test_counts_per_tool_and_verdict():
-    counts = collections.Counter((e["tool"].split()[0], e["verdict"]) for e in INDEX)
-    tools = collections.Counter(e["tool"].split()[0] for e in INDEX)
+    counts = collections.Counter((e.get("family", e["tool"].split()[0]), e["verdict"]) for e in INDEX)
+    tools = collections.Counter(e.get("family", e["tool"].split()[0]) for e in INDEX)
     print("\nreal outputs per tool:", dict(sorted(tools.items())))
     print("per (tool, verdict):", dict(sorted(counts.items())))
     # every tool family the issue names is covered, healthy and broken where both exist
@@ -48,6 +48,7 @@ def test_diagnose_names_the_tool_and_the_verdict(name):
     j = judge_file(REAL / name)
     assert (j.tool, j.verdict) == (want["tool"], want["verdict"]), [
         (f.level, f.message) for f in j.findings]
+    assert j.kind == want.get("family", j.kind)  # the reader's family beside the program's name
     if j.verdict != "pass":
         bad = [f for f in j.findings if f.level == j.verdict]
         assert bad and all(f.message and f.advice for f in bad), "warn/fail must say what to do"
@@ -61,7 +62,7 @@ def test_cli_json_shape_and_exit_status_over_all_files():
     doc = json.loads(proc.stdout)
     assert [f["file"] for f in doc["files"]] == files
     for f in doc["files"]:
-        assert set(f) == {"file", "tool", "verdict", "facts", "findings"}
+        assert set(f) == {"file", "tool", "family", "verdict", "facts", "findings"}
         assert f["verdict"] in ("pass", "warn", "fail")
         for finding in f["findings"]:
             assert set(finding) == {"level", "message", "advice"}

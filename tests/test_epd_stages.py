@@ -1,14 +1,9 @@
 """benchmarks/epd_stages.py: the workers' wall-clock stamps turned into consecutive stages."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from epd_stages import breakdown, format_breakdown, stages_of  # noqa: E402
+from epd_stages import breakdown, format_breakdown, stages_of
 
 EPD = {"t_prefill_in": 100.000, "t_decode_in": 100.0005, "t_enc_out": 100.001, "t_enc_in": 100.003,
        "t_enc_send": 100.010, "t_emb_in": 100.011, "t_prefill_start": 100.0112, "t_prefill_end": 100.020,

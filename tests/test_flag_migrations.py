@@ -50,8 +50,9 @@ def test_migration_table_targets_exist_in_the_installed_parser() -> None:
         for tok in m.replacement:
             if tok.startswith("--"):
                 assert tok in table.options, (m.flag, tok)
+        target = table.options[m.replacement[0]] if m.kind == "rename" else None
         value = ["amd"] if m.takes_value else (
-            ["1"] if m.kind == "rename" and table.options[m.replacement[0]].takes_value else [])
+            [(target.choices or ("1",))[0]] if target is not None and target.takes_value else [])
         new, _ = migrate_args([m.flag] + value)
         assert table.check(new) == [], (m.flag, new)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import copy
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 
 from epdctl.errors import EpdctlError, TopologyError
 from epdctl.render import build_plan, to_shell
-from epdctl.slurm.sbatch import render_sbatch
+from epdctl.launchers.slurm.sbatch import render_sbatch
 from epdctl.topology import topology_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,10 @@ PAYLOADS = [
 ]
 PRINTABLE = [p for p in PAYLOADS if not any(ord(ch) < 32 or 0xD800 <= ord(ch) <= 0xDFFF for ch in p)]
 STUB_NAMES = ["python", "python3", "smg", "sglang", "vllm", "scontrol", "curl", "nvidia-smi", "ibstat",
-              "ibv_devinfo", "module", "srun", "sleep"]
+              "ibv_devinfo", "module", "srun", "sleep", "docker", "podman", "apptainer", "singularity", "runc"]
+# Interpreters and engines that examples name by absolute path (the checkout's .venv, an engine venv
+# under .engines/) run as the stubs of the same name: nothing real is started.
+LOCAL_BINS = re.compile(re.escape(str(ROOT)) + r"/(?:\.venv|\.engines/[^/\s'\"]+)/bin/")
 
 
 def _install_stubs() -> None:
@@ -146,6 +150,7 @@ def _execute(script: str, n: int) -> None:
     run = WORK / f"run{n % 4}"
     run.mkdir(exist_ok=True)
     target = run / "script.sh"
+    script = LOCAL_BINS.sub(f"{STUBS}/", script)
     target.write_text(script, encoding="utf-8", errors="surrogateescape")
     env = {"PATH": f"{STUBS}:/usr/bin:/bin", "HOME": str(run), "STUB_LOG": str(run / "argv.log"),
            "EPD_RUN_DIR": str(run / "epd"), "SLURM_JOB_NODELIST": "n[0-63]", "SLURM_JOB_ID": "1",
@@ -157,7 +162,7 @@ def _execute(script: str, n: int) -> None:
 STATS = {"examples": 0, "refused": 0, "rendered": 0, "executed": 0}
 
 
-N_EXAMPLES = int(os.environ.get("EPD_FUZZ_EXAMPLES", "5000"))
+N_EXAMPLES = int(os.environ.get("EPD_FUZZ_EXAMPLES", "2000"))
 
 
 @settings(max_examples=N_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import io
 import random
-import sys
-from pathlib import Path
 
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+from heldout_shapes import CANVAS, SHADES, _miss, draw_one, text_at
 
-from heldout_shapes import CANVAS, SHADES, _miss, draw_one, text_at  # noqa: E402
-
-from epdctl.shapes import Item  # noqa: E402
+from epdctl.shapes import Item
 
 
 def test_drawings_decode_and_cover_every_style() -> None:

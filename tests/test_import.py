@@ -9,12 +9,14 @@ parse with SGLang 0.5.23's own parser (when installed).
 from __future__ import annotations
 
 import argparse
+from itertools import takewhile
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from epdctl.cli import cli
+from epdctl.engines import engine_for
 from epdctl.importer import import_scripts
 from epdctl.importer.roundtrip import compare, load, summary
 from epdctl.importer.shell import parse_script
@@ -27,7 +29,7 @@ SETS = sorted([*ROOT_SETS.glob("*.sh"), *(d for d in ROOT_SETS.iterdir() if d.is
 
 
 def files(path: Path) -> list[str]:
-    return [str(p) for p in sorted(path.glob("*.sh"))] if path.is_dir() else [str(path)]
+    return [str(p) for p in sorted([*path.glob("*.sh"), *path.glob("*.yaml")])] if path.is_dir() else [str(path)]
 
 
 def text_of(path: Path) -> str:
@@ -36,7 +38,8 @@ def text_of(path: Path) -> str:
 # (30003) the same block never starts; see test_template_set_misses_only_its_placeholders.
 TEMPLATES = {"mooncake-docs-sglang-epd.sh"}
 # Published sets that hold only one role (the doc shows decode only): render works, validate asks for prefill.
-PARTIAL = {"sglang-issue-7998-decode-ep-mtp.sh": "decode workers need prefill workers"}
+PARTIAL = {"sglang-issue-7998-decode-ep-mtp.sh": "decode workers need prefill workers",
+           "sglang-pr-19746-dynamo-prefill.sh": "prefill workers need decode workers"}
 
 
 def test_at_least_six_real_sets_with_their_source() -> None:
@@ -69,9 +72,14 @@ def test_every_old_flag_is_migrated_and_listed(path: Path) -> None:
     text = text_of(path)
     old = [f for f in migration_table("sglang") if f"{f} " in text or text.rstrip().endswith(f)]
     draft, out, _ = import_scripts(files(path))
+    lines = out.splitlines()
+    # the topology's header: "# Flags migrated to SGLang 0.5.23:", then one "#   " line per migration
+    listed = list(takewhile(lambda line: line.startswith("#   "),
+                            lines[lines.index("# Flags migrated to SGLang 0.5.23:") + 1:])) if old else []
     for flag in old:
-        assert any(flag in m for m in draft.migrations), (flag, draft.migrations)
-        assert f"#   " in out and flag in out  # listed in the topology's header
+        mine = [m for m in draft.migrations if flag in m]
+        assert mine, (flag, draft.migrations)
+        assert all(f"#   {m}" in listed for m in mine), (flag, listed)
     rendered = " ".join(" ".join(s.argv) for s in build_plan(load(out)[0]).workers)
     for flag in old:
         assert f"{flag} " not in rendered + " ", flag
@@ -102,8 +110,14 @@ def test_real_sglang_parser_accepts_every_imported_render() -> None:
         _, text, _ = import_scripts(files(path), variables={"MODEL": "m", "TP": "1", "MEM_FRACTION": "0.8",
                                                              "CHUNK_SIZE": "8192"})
         for spec in build_plan(load(text)[0]).workers:
-            ns, extra = parser.parse_known_args(list(spec.argv[3:]))
-            assert not extra, (path.name, spec.name, extra)
+            argv = list(spec.argv)
+            if spec.container is not None:  # the server's command follows the runtime's options and image
+                argv = argv[argv.index("-m") - 1:]
+            ns, extra = parser.parse_known_args(argv[3:])
+            # what SGLang's parser leaves is the wrapper's own (dynamo.sglang parses those first)
+            wrapper = engine_for("sglang").flags(None, argv[2])
+            assert not [t for t in extra if t.startswith("-") and wrapper.owner(t) is None], (path.name, spec.name,
+                                                                                             extra)
             assert ns.model_path, spec.name
             seen += 1
     assert seen >= 30

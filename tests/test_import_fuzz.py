@@ -14,13 +14,15 @@ from epdctl.errors import EpdctlError
 
 SETS = [p.read_text(encoding="utf-8") for p in sorted((Path(__file__).parent / "fixtures" / "launch_sets")
                                                       .glob("*.sh"))]
+MANIFESTS = [p.read_text(encoding="utf-8") for p in sorted((Path(__file__).parent / "fixtures" / "launch_sets")
+                                                           .glob("*/*.yaml"))]
 TOKENS = st.sampled_from(["--nnodes", "--node-rank", "2", "x", "--dist-init-addr", "a:1", "--tp", "${X}", '"',
                           "\\", "--disaggregation-mode", "decode", "--encoder-only", "--port", "-1", "=", "--host"])
 
 
 @st.composite
-def mutated(draw: st.DrawFn) -> str:
-    lines = draw(st.sampled_from(SETS)).splitlines()
+def mutated(draw: st.DrawFn, sets: list[str] = SETS) -> str:
+    lines = draw(st.sampled_from(sets)).splitlines()
     for _ in range(draw(st.integers(1, 5))):
         if not lines:
             break
@@ -40,8 +42,8 @@ def mutated(draw: st.DrawFn) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _run(tmp: Path, text: str) -> None:
-    src = tmp / "in.sh"
+def _run(tmp: Path, text: str, name: str = "in.sh") -> None:
+    src = tmp / name
     src.write_text(text, encoding="utf-8")
     res = CliRunner().invoke(cli, ["import", str(src), "-o", str(tmp / "out.yaml"), "--force"])
     # EpdctlError is what `epdctl`'s error boundary (cli.main) prints as one line; anything else would be
@@ -62,3 +64,9 @@ def test_mutated_launch_sets_never_crash(tmp_path: Path, text: str) -> None:
 @given(text=st.text(max_size=300))
 def test_random_text_never_crashes(tmp_path: Path, text: str) -> None:
     _run(tmp_path, text)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=mutated(MANIFESTS))
+def test_mutated_manifests_never_crash(tmp_path: Path, text: str) -> None:
+    _run(tmp_path, text, "in.yaml")

@@ -14,18 +14,16 @@ from typing import Iterator
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_ssh import sshd  # noqa: F401
+from slurm_cluster import SlurmCluster, slurm_cluster
 
-from conftest_ssh import sshd  # noqa: E402,F401
-from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
-
-from epdctl.errors import EpdctlError  # noqa: E402
-from epdctl.init.compose import NodeIn, choose  # noqa: E402
-from epdctl.init.inventory import inventory  # noqa: E402
-from epdctl.init.write import render  # noqa: E402
-from epdctl.preflight.records import Facts  # noqa: E402
-from epdctl.render import build_plan  # noqa: E402
-from epdctl.topology import topology_from_text  # noqa: E402
+from epdctl.errors import EpdctlError
+from epdctl.init.compose import NodeIn, choose
+from epdctl.init.inventory import inventory
+from epdctl.init.write import render
+from epdctl.preflight.records import Facts
+from epdctl.render import build_plan
+from epdctl.topology import topology_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "preflight"

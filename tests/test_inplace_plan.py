@@ -1,5 +1,6 @@
-"""`rebalance: {in_place: true}`: which workers start switchable, what is rendered, which path a
-planned move takes (and why), checked by the engines' own parsers."""
+"""In place by default (``rebalance: {in_place: false}`` turns it off): which workers start
+switchable, what is rendered, which path a planned move takes (and why), checked by the engines'
+own parsers."""
 
 from __future__ import annotations
 
@@ -18,14 +19,16 @@ ROOT = Path(__file__).resolve().parents[1]
 MODEL = str(ROOT / "models" / "tiny-qwen2vl")
 
 
-def embedded(in_place: str = "true") -> object:
+def embedded(in_place: str | None = None) -> object:
+    """The 1 E / 1 P / 2 D embedded topology; ``in_place``: the rebalance key's value (None: no key)."""
+    key = "" if in_place is None else f"rebalance: {{in_place: {in_place}}}"
     return topology_from_text(f"""
 name: rb
 engine: embedded
 model: {{path: {MODEL}, served_name: tiny, architecture: Qwen2VLForConditionalGeneration}}
 ports: {{base: 38500, limit: 38599}}
 nodes: [{{name: local, host: 127.0.0.1, shared: true}}]
-rebalance: {{in_place: {in_place}}}
+{key}
 roles:
   encoder: {{nodes: [local], count: 1}}
   prefill: {{nodes: [local], count: 1}}
@@ -41,7 +44,6 @@ name: g
 engine: sglang
 model: {{path: /models/qwen, served_name: q, architecture: Qwen2VLForConditionalGeneration}}
 transfer: {{backend: {backend}}}
-rebalance: {{in_place: true}}
 nodes:
   - {{name: e0, host: 10.0.0.1, gpus: 8}}
   - {{name: p0, host: 10.0.0.2, gpus: 8}}
@@ -83,7 +85,23 @@ def test_embedded_moves_are_in_place_and_keep_the_ports() -> None:
 
 def test_embedded_without_in_place_restarts() -> None:
     (m,) = plan_rebalance(embedded("false"), {"encoder": 1}, source="decode").moves
-    assert m.path == "restart" and "in_place" in m.why
+    assert m.path == "restart" and m.why == "the topology says rebalance: {in_place: false}"
+    assert plan_rebalance(embedded("true"), {"encoder": 1}, source="decode").moves[0].path == "in-place"
+
+
+def test_the_default_local_topology_moves_encoder_to_decode_and_back_in_place() -> None:
+    """topologies/local.yaml has no rebalance key: every worker starts switchable, both moves of
+    a round trip keep the process (the plan names the path)."""
+    from epdctl.topology import load_topology
+
+    topo = load_topology(ROOT / "topologies" / "local.yaml")
+    assert topo.in_place
+    assert all("--switchable" in w.argv for w in build_plan(topo).workers if w.role != "router")
+    there = plan_rebalance(topo, {"decode": 1}, source="encoder")
+    (m,) = there.moves
+    assert (m.worker, m.new_name, m.path) == ("encoder-1", "decode-1", "in-place"), m
+    (back,) = plan_rebalance(there.after, {"encoder": 1}, source="decode").moves
+    assert back.path == "in-place" and back.new_role == "encoder", back
 
 
 def test_sglang_pd_renders_role_switch_with_a_bootstrap_port_on_decodes() -> None:
@@ -159,7 +177,6 @@ engine: embedded
 model: {{path: {MODEL}, served_name: tiny}}
 ports: {{base: 38500, limit: 38599}}
 nodes: [{{name: local, host: 127.0.0.1, shared: true}}]
-rebalance: {{in_place: true}}
 roles:
   encoder: {{nodes: [local], count: 1}}
   prefill: {{nodes: [local], count: 1}}

@@ -16,13 +16,11 @@ from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_ssh import node_access, processes_with, sshd, ssh_options  # noqa: F401
+from slurm_cluster import slurm_cluster
 
-from conftest_ssh import node_access, processes_with, sshd, ssh_options  # noqa: E402,F401
-from slurm_cluster import slurm_cluster  # noqa: E402
-
-from epdctl.launchers.base import Launcher  # noqa: E402
-from epdctl.state import ProcessRecord  # noqa: E402
+from epdctl.launchers.base import Launcher
+from epdctl.state.store import ProcessRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 SLEEPER = ("import os, sys, time\n"
@@ -74,7 +72,7 @@ def kit(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Kit]:
                           run_root=str(tmp_path / "remote"))
         nodes = [n.name for n in daemons.nodes]
     else:
-        from epdctl.slurm.launcher import SlurmLauncher
+        from epdctl.launchers.slurm.launcher import SlurmLauncher
         from epdctl.topology import load_topology
 
         request.getfixturevalue("slurm")

@@ -1,7 +1,7 @@
 """Bring-up, status, canary and down of a hand-built plan: dummy HTTP workers + the real smg.
 
 The workers are `tests/e2e/dummy_worker.py` (real processes, real HTTP); the router is smg
-from the venv, started through `python -m epdctl.router_exec` with an API key taken from an env
+from the venv, started through `python -m epdctl.node.router_exec` with an API key taken from an env
 var, at the same time as the workers, and filled through `POST /workers` as each becomes
 healthy. The full cluster with the real runtime is in tests/e2e/.
 """
@@ -20,56 +20,43 @@ from click.testing import CliRunner
 
 from epdctl.cli import cli
 from epdctl.errors import LaunchError
-from epdctl.launchers.lifecycle import BringUp, tear_down
-from epdctl.render.router import HEALTH_FLAGS
+from epdctl.orchestrate.lifecycle import BringUp, tear_down
+from epdctl.render.plan import ROUTER_TYPES, ProcessSpec
+from epdctl.render.router import HEALTH_FLAGS, registers_workers
+from epdctl.topology.model import Role
 from epdctl.launchers.local import LocalLauncher
-from epdctl.launchers.observe import observe
+from epdctl.orchestrate.observe import observe
 from epdctl.canary import run_canary
-from epdctl.routerctl import RouterClient
-from epdctl.state import ClusterDir, ClusterState
+from epdctl.http.routerctl import RouterClient
+from epdctl.state.store import ClusterDir, ClusterState
 
 DUMMY = str(Path(__file__).parent / "e2e" / "dummy_worker.py")
 KEY_ENV = "EPDCTL_TEST_ROUTER_KEY"
 
 
-@dataclass(frozen=True)
-class W:
-    name: str
-    role: str
-    port: int
-    argv: tuple[str, ...]
-    bootstrap_port: int | None = None
-    node: str = "local"
-    host: str = "127.0.0.1"
-    health_path: str = "/health"
-    is_leader: bool = True
-    env: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+def W(name: str, role: str, port: int, argv: tuple[str, ...], bootstrap_port: int | None = None,
+      node: str = "local", host: str = "127.0.0.1", health_path: str = "/health", is_leader: bool = True,
+      env: dict[str, str] | None = None) -> ProcessSpec:
+    ports = {"http": port, **({"bootstrap": bootstrap_port} if bootstrap_port is not None else {})}
+    return ProcessSpec(name=name, role=Role(role), node=node, host=host, url=f"http://{host}:{port}", ports=ports,
+                       argv=argv, env=dict(env or {}), worker=name, is_leader=is_leader, health_path=health_path,
+                       router_type=ROUTER_TYPES.get(Role(role)) if is_leader else None)
 
 
-@dataclass(frozen=True)
-class R:
-    port: int
-    prometheus_port: int
-    argv: tuple[str, ...]
-    api_key_env: str | None = KEY_ENV
-    node: str = "local"
-    host: str = "127.0.0.1"
-    env: dict[str, str] = field(default_factory=dict)
-    health_path: str = "/health"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+def R(port: int, prometheus_port: int, argv: tuple[str, ...], api_key_env: str | None = KEY_ENV,
+      node: str = "local", host: str = "127.0.0.1", env: dict[str, str] | None = None,
+      health_path: str = "/health") -> ProcessSpec:
+    return ProcessSpec(name="router", role=Role.ROUTER, node=node, host=host, url=f"http://{host}:{port}",
+                       ports={"http": port, "prometheus": prometheus_port}, argv=argv, env=dict(env or {}),
+                       worker="router", health_path=health_path, registers_workers=registers_workers(argv),
+                       key_vars=(api_key_env,) if api_key_env else (), prometheus_host=host,
+                       api_key_env=api_key_env)
 
 
 @dataclass
 class Plan:
-    workers: list[W]
-    router: R | None
+    workers: list[ProcessSpec]
+    router: ProcessSpec | None
 
 
 def _worker(name: str, role: str, port: int, *extra: str, boot: int | None = None) -> W:
@@ -86,7 +73,7 @@ def _plan(base: int, *, bad: str | None = None) -> Plan:
         _worker("decode-0", "decode", base + 4, *(["--exit-at-start", bad] if bad else [])),
     ]
     flags = [x for kv in HEALTH_FLAGS.items() for x in kv]
-    router = R(base, base + 90, ("python", "-m", "epdctl.router_exec", KEY_ENV, "smg.launch_router",
+    router = R(base, base + 90, ("python", "-m", "epdctl.node.router_exec", KEY_ENV, "smg.launch_router",
                                  "--pd-disaggregation", "--host", "127.0.0.1",
                                  "--port", str(base), "--prometheus-host", "127.0.0.1",
                                  "--prometheus-port", str(base + 90), *flags))
@@ -201,7 +188,8 @@ def _late_decode_is_routed_after_up(base: int, name: str, static: bool) -> None:
     if static:
         named = ("--prefill", f"http://127.0.0.1:{base + 2}", str(base + 3),
                  "--decode", f"http://127.0.0.1:{base + 4}", "--decode", f"http://127.0.0.1:{base + 5}")
-        plan.router = replace(plan.router, argv=plan.router.argv + named)
+        argv = plan.router.argv + named  # what render decides from the command it renders
+        plan.router = replace(plan.router, argv=argv, registers_workers=registers_workers(argv))
     cdir, st = _new(name)
     lau = LocalLauncher()
     try:
@@ -301,7 +289,7 @@ def test_up_needs_the_router_key_variable(state_dir: Path, tmp_path: Path) -> No
 
 
 def test_registration_needed_where_smg_drops_static_workers():
-    from epdctl.launchers.lifecycle import needs_registration
+    from epdctl.render.router import registers_workers as needs_registration  # decided at render
 
     assert needs_registration(["py", "-m", "smg.launch_router", "--port", "5"])
     assert not needs_registration(["py", "-m", "smg.launch_router", "--prefill", "http://a:1", "9",

@@ -17,7 +17,7 @@ from epdctl.errors import LaunchError
 from epdctl.launchers import get_launcher
 from epdctl.launchers.base import expand_env, tail, worker_env
 from epdctl.launchers.local import LocalLauncher, resolve_argv
-from epdctl.state import Handle, ProcessRecord
+from epdctl.state.store import Handle, ProcessRecord
 
 
 def _rec(name: str, code: str, log: Path, env: dict[str, str] | None = None) -> ProcessRecord:
@@ -232,11 +232,16 @@ def test_registry() -> None:
 def test_the_api_key_variable_a_command_names_reaches_it() -> None:
     """Env hygiene keeps the operator's variables away from workers, except the one a worker's
     ``--api-key-env NAME`` (or the router wrapper) is told to read."""
-    from epdctl.launchers.base import key_vars
+    from epdctl.render import build_plan
+    from epdctl.topology import topology_from_text
+
+    path = Path(__file__).resolve().parents[1] / "topologies" / "local.yaml"
+    text = path.read_text().replace("router:\n", "router:\n  api_key_env: CLUSTER_KEY\n", 1)
+    plan = build_plan(topology_from_text(text, path))
+    # the plan names the variable each process reads: every embedded worker, the router's wrapper
+    assert plan.router is not None and plan.router.key_vars == ("CLUSTER_KEY",)
+    assert {w.key_vars for w in plan.workers} == {("CLUSTER_KEY",)}
     shell = {"PATH": "/bin", "CLUSTER_KEY": "k", "OTHER_SECRET": "s"}
-    argv = ["python", "-m", "epdctl.runtime", "decode", "--api-key-env", "CLUSTER_KEY", "--switchable"]
-    assert key_vars(argv) == ["CLUSTER_KEY"]
-    assert key_vars(["python", "-m", "epdctl.router_exec", "RK", "smg.launch_router"]) == ["RK"]
-    env = worker_env({}, "decode-0", source=shell, keys=key_vars(argv))
+    env = worker_env({}, "decode-0", source=shell, keys=plan.workers[-1].key_vars)
     assert env == {"PATH": "/bin", "CLUSTER_KEY": "k", "PYTHONUNBUFFERED": "1"}
     assert "CLUSTER_KEY" not in worker_env({}, "decode-0", source=shell)

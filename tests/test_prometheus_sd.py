@@ -1,4 +1,5 @@
-"""prometheus_sd: file_sd groups from a recorded state, and registered files follow every state write."""
+"""prometheus_sd: file_sd groups from a recorded state, and registered files follow the state each
+command that changes the cluster leaves; saving the state alone writes nothing else."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from epdctl.errors import EpdctlError
-from epdctl.prometheus_sd import register, targets, write
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.orchestrate.prometheus_sd import kept_current, register, targets, write
+from epdctl.state.store import ClusterDir, ClusterState, ProcessRecord
 
 
 def _proc(name: str, role: str, node: str, url: str, **kw: object) -> ProcessRecord:
@@ -27,7 +28,7 @@ def _state() -> ClusterState:
         _proc("decode-0", "decode", "d0", "http://[fd00::4]:30003"),
         _proc("router", "router", "p0", "http://10.0.0.2:30100",
               argv=["smg", "--host", "0.0.0.0", "--port", "30100", "--prometheus-host", "0.0.0.0",
-                    "--prometheus-port", "30101"]),
+                    "--prometheus-port", "30101"], prometheus_host="0.0.0.0", prometheus_port=30101),
     ])
 
 
@@ -45,10 +46,14 @@ def test_registered_file_follows_save_and_clear(tmp_path: Path) -> None:
     sd = tmp_path / "sd" / "targets.json"
     state = _state()
     assert register(cdir, sd, state) == 4
-    state.processes = state.processes[:2]  # e.g. rebalance stopped workers
-    cdir.save(state)
+    with kept_current(cdir):  # e.g. rebalance stopped workers
+        state.processes = state.processes[:2]
+        cdir.save(state)
+        assert len(json.loads(sd.read_text())) == 4  # the state store has no side effects
     assert len(json.loads(sd.read_text())) == 2
-    cdir.clear()  # down
+    with pytest.raises(RuntimeError), kept_current(cdir):  # down, failing after it forgot the state
+        cdir.clear()
+        raise RuntimeError("boom")
     assert json.loads(sd.read_text()) == []
     register(cdir, sd, state)  # registering twice keeps one entry
     assert json.loads((cdir.root / "prometheus_sd.json").read_text()) == [str(sd.resolve())]

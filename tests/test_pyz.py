@@ -17,10 +17,8 @@ from typing import Iterator
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_ssh import sshd  # noqa: E402,F401
-from sshd_nodes import SshdNodes  # noqa: E402
+from conftest_ssh import sshd  # noqa: F401
+from sshd_nodes import SshdNodes
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM_PYTHON = Path("/usr/bin/python3")
@@ -56,7 +54,8 @@ def _run(pyz: Path, home: Path, *args: str, env: dict[str, str] | None = None,
 def test_pyz_holds_the_control_plane_without_torch(pyz: Path) -> None:
     names = zipfile.ZipFile(pyz).namelist()
     tops = {n.split("/")[1] for n in names if n.startswith("site-packages/") and n.count("/") > 1}
-    assert {"epdctl", "click", "yaml", "jinja2", "paramiko", "psutil", "bcrypt", "cryptography", "nacl"} <= tops
+    assert {"epdctl", "click", "yaml", "jinja2", "paramiko", "psutil", "bcrypt", "cryptography", "nacl",
+            "prometheus_client"} <= tops
     assert not tops & {"torch", "PIL", "transformers", "numpy"}, tops
     assert "site-packages/epdctl/topology/topology.schema.json" in names
 

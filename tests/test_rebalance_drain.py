@@ -19,8 +19,8 @@ from typing import Any, Iterator
 import pytest
 
 from epdctl.rebalance import drain as dr
-from epdctl import metrics
-from epdctl.routerctl import RouterClient, with_local_health_flags
+from epdctl.http import metrics
+from epdctl.http.routerctl import RouterClient, with_local_health_flags
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sglang"
 

@@ -13,7 +13,7 @@ from epdctl.errors import LaunchError
 from epdctl.rebalance import history
 from epdctl.rebalance.execute import Executor, Options
 from epdctl.rebalance.plan import plan_rebalance
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.state.store import ClusterDir, ClusterState, ProcessRecord
 from epdctl.topology import topology_from_text
 from sglang_switch_fake import FakeSGLang
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from epdctl import metrics
+from epdctl.http import metrics
 from epdctl.rebalance.own_work import ROLE_BUSY, ROLE_QUEUE, busy_seconds, own_queue
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.servers.busy import own_work_metrics

@@ -182,7 +182,7 @@ def test_example_topology_refusals_name_the_reason() -> None:
 def _record_cluster(tmp_path: Path, launcher: str = "local") -> tuple[dict[str, str], Path]:
     import os
 
-    from epdctl.state import ClusterDir, ClusterState
+    from epdctl.state.store import ClusterDir, ClusterState
 
     topo_path = tmp_path / "rb.yaml"
     topo_path.write_text(f"""

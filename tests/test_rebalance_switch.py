@@ -83,9 +83,17 @@ def test_no_answer_is_not_restorable() -> None:
 def test_embedded_contract() -> None:
     argv = ["/venv/bin/python", "-m", "epdctl.runtime", "decode", "--port", "31003", "--switchable"]
     assert sw.runtime_argv(argv) == ["decode", "--port", "31003", "--switchable"]
-    assert sw.started_switchable("embedded", argv)
-    assert not sw.started_switchable("embedded", argv[:-1])
-    assert sw.started_switchable("sglang", ["python", "-m", "sglang.launch_server", "--enable-pd-role-switch"])
-    assert not sw.started_switchable("vllm", argv)
+    # the plan says whether a process starts switchable; a version-2 state (which did not
+    # record it) is read from its recorded command line once, when loaded
+    from epdctl.state.v1 import add_capabilities
+
+    def started_switchable(engine: str, argv: list[str]) -> bool:
+        doc = add_capabilities({"version": 2, "processes": [{"name": "w", "role": "decode", "engine": engine,
+                                                       "argv": argv}]})
+        return bool(doc["processes"][0]["switchable"])
+    assert started_switchable("embedded", argv)
+    assert not started_switchable("embedded", argv[:-1])
+    assert started_switchable("sglang", ["python", "-m", "sglang.launch_server", "--enable-pd-role-switch"])
+    assert not started_switchable("vllm", argv)
     with pytest.raises(sw.SwitchError):
         sw.runtime_argv(["python", "-m", "sglang.launch_server"])

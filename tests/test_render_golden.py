@@ -24,8 +24,10 @@ REGEN = os.environ.get("EPDCTL_REGEN_GOLDEN") == "1"
 
 
 def _normalise(text: str) -> str:
-    """Repository-relative: local.yaml's model path is resolved against the checkout."""
-    return text.replace(str(ROOT), "<REPO>")
+    """Repository-relative: local.yaml's model path is resolved against the checkout; the venv's
+    base interpreter, which local-container.yaml mounts, is this machine's."""
+    base = sys.base_prefix
+    return text.replace(str(ROOT), "<REPO>").replace(f"{base}:{base}:ro", "<BASE_PYTHON>:<BASE_PYTHON>:ro")
 
 
 def _renders(path: Path) -> dict[str, str]:

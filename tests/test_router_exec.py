@@ -1,4 +1,4 @@
-"""`python -m epdctl.router_exec VAR MODULE FLAGS...`: the router gets `--api-key` from $VAR
+"""`python -m epdctl.node.router_exec VAR MODULE FLAGS...`: the router gets `--api-key` from $VAR
 in-process; the key is never on the kernel's command line, and a missing variable is one line."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ECHO = ("import os, sys, time\n"
 def _run(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     (tmp_path / "fake_router.py").write_text(ECHO)
     return subprocess.run(
-        [sys.executable, "-m", "epdctl.router_exec", "ROUTER_KEY_T", "fake_router", "--port", "1"],
+        [sys.executable, "-m", "epdctl.node.router_exec", "ROUTER_KEY_T", "fake_router", "--port", "1"],
         capture_output=True, text=True, timeout=60,
         env={**env, "PYTHONPATH": f"{tmp_path}:{ROOT}"})
 

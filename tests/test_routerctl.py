@@ -11,8 +11,8 @@ from typing import Iterator
 import pytest
 
 from epdctl.errors import ProbeError
-from epdctl.probes import get_loads, parse_loads, probe_health, server_info
-from epdctl.routerctl import RouterClient, with_local_health_flags
+from epdctl.http.probes import get_loads, parse_loads, probe_health, server_info
+from epdctl.http.routerctl import RouterClient, with_local_health_flags
 
 DUMMY = str(Path(__file__).parent / "e2e" / "dummy_worker.py")
 SMG = str(Path(sys.executable).parent / "smg")

@@ -11,21 +11,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_cluster import SlurmCluster, slurm_cluster
 
-from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
-
-from epdctl.errors import RenderError  # noqa: E402
-from epdctl.render import build_plan  # noqa: E402
-from epdctl.slurm import jobs  # noqa: E402
-from epdctl.slurm.sbatch import host_map, render_sbatch, substitute  # noqa: E402
-from epdctl.topology import load_topology, topology_from_text  # noqa: E402
+from epdctl.errors import RenderError
+from epdctl.render import build_plan
+from epdctl.launchers.slurm import jobs
+from epdctl.launchers.slurm.sbatch import host_map, render_sbatch, substitute
+from epdctl.topology import load_topology, topology_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "slurm"
@@ -84,7 +81,7 @@ def test_multinode_ranks_share_the_leaders_runtime_address() -> None:
     assert "#SBATCH --nodes=8" in text and "#SBATCH --gpus-per-node=8" in text
     assert "#SBATCH --exclusive\n" in text and "#SBATCH --account=llm-serving" in text
     # only rank-0 URLs are probed for readiness; other ranks are watched for liveness
-    assert 'wait_ready prefill "prefill-0=http://${EPD_ADDR_0}:30000/health"\n' in text
+    assert 'wait_ready prefill 1800 "prefill-0=http://${EPD_ADDR_0}:30000/health"\n' in text
 
 
 def test_substitute_replaces_whole_addresses_only() -> None:
@@ -135,6 +132,42 @@ def test_user_template_overrides_the_default(tmp_path: Path) -> None:
     assert "# prefill: prefill-0\n# decode: decode-0\n" in text
     with pytest.raises(RenderError, match="cannot read sbatch template"):
         render_sbatch(topo, build_plan(topo), tmp_path / "missing.j2")
+
+
+def test_each_stage_waits_its_processes_start_up_budget() -> None:
+    """The script's wait per stage is the largest budget of that stage's processes (what `up`
+    allows them): explicit `startup: {timeout}` per role here, the router its workers' + 60 s."""
+    text = BASE.replace("HOST_A", "a.x").replace("HOST_B", "b.x").replace(
+        "prefill: {nodes: [a], count: 1}", "prefill: {nodes: [a], count: 1, startup: {timeout: 90}}").replace(
+        "decode: {nodes: [b], count: 1}", "decode: {nodes: [b], count: 1, startup: {timeout: 2400.5}}")
+    topo = topology_from_text(text + "router: {node: a}\n")
+    script = render_sbatch(topo, build_plan(topo))
+    assert 'wait_ready prefill 90 "prefill-0=' in script
+    assert 'wait_ready decode 2401 "decode-0=' in script  # rounded up, never below the budget
+    assert "wait_ready router 2461 router=http" in script
+    limits = {"prefill-0": 5.0, "decode-0": 7.0, "router": 9.0}
+    assert 'wait_ready decode 7 "decode-0=' in render_sbatch(topo, build_plan(topo), limits=limits)
+
+
+def _wait_ready(script: str, tmp_path: Path, call: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The rendered script's own functions (phase, fail, check_alive, probe, wait_ready), run in bash."""
+    body = script.split("set -uo pipefail", 1)[1]
+    start = body.index("check_alive() {")
+    funcs = body[body.index("phase() {"):body.index("declare -A")] + body[start:body.index("\n# --- ", start)]
+    prog = f"set -uo pipefail\nEPD_RUN_DIR={tmp_path}\nEPD_ORDER=()\n{funcs}\n{call}\n"
+    return subprocess.run(["bash", "-c", prog], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], **env})
+
+
+def test_wait_ready_fails_at_the_stage_limit_or_the_environments(tmp_path: Path) -> None:
+    topo = topology_from_text(BASE.replace("HOST_A", "a.x").replace("HOST_B", "b.x"))
+    script = render_sbatch(topo, build_plan(topo))
+    call = 'wait_ready prefill 1 "prefill-0=http://127.0.0.1:9/health"'  # port 9: nothing answers
+    stage = _wait_ready(script, tmp_path, call, {})
+    assert stage.returncode == 1 and "prefill-0 not healthy after 1s" in stage.stderr, stage.stderr
+    override = _wait_ready(script, tmp_path, call, {"EPD_READY_TIMEOUT": "2"})
+    assert override.returncode == 1 and "prefill-0 not healthy after 2s" in override.stderr, override.stderr
+    assert (tmp_path / "phase").read_text().startswith("failed prefill-0 not healthy after 2s")
 
 
 # ----------------------------------------------------------------------------- real cluster

@@ -16,19 +16,17 @@ from typing import Iterator
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_cluster import SlurmCluster, slurm_cluster
 
-from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
-
-from epdctl.errors import LaunchError  # noqa: E402
-from epdctl.launchers import get_launcher  # noqa: E402
-from epdctl.launchers.lifecycle import BringUp  # noqa: E402
-from epdctl.render import build_plan  # noqa: E402
-from epdctl.slurm import jobs, steps  # noqa: E402
-from epdctl.slurm.jobs import JobInfo  # noqa: E402
-from epdctl.slurm.launcher import ALLOC_FILE, SlurmLauncher  # noqa: E402
-from epdctl.state import ClusterDir, ClusterState, Handle, ProcessRecord  # noqa: E402
-from epdctl.topology import load_topology  # noqa: E402
+from epdctl.errors import LaunchError
+from epdctl.launchers import get_launcher
+from epdctl.orchestrate.lifecycle import BringUp
+from epdctl.render import build_plan
+from epdctl.launchers.slurm import jobs, steps
+from epdctl.launchers.slurm.jobs import JobInfo
+from epdctl.launchers.slurm.launcher import ALLOC_FILE, SlurmLauncher
+from epdctl.state.store import ClusterDir, ClusterState, Handle, ProcessRecord
+from epdctl.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -221,7 +219,7 @@ def test_worker_dying_after_ready_is_dead_and_the_others_keep_running(
         assert all(s.alive for s in lau.poll(state.processes).ok.values())
         victims = [p for p in psutil.process_iter(["cmdline"])
                    if "37200" in (p.info["cmdline"] or []) and "-c" in (p.info["cmdline"] or [])
-                   and "epdctl.launchers.supervise" not in (p.info["cmdline"] or [])]
+                   and "epdctl.node.supervise" not in (p.info["cmdline"] or [])]
         assert len(victims) == 1
         victims[0].kill()
         deadline = time.monotonic() + 60

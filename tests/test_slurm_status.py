@@ -24,14 +24,12 @@ import jsonschema
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from slurm_cluster import SlurmCluster, slurm_cluster
+from test_slurm_jobs import _bring_up, _cheap_plan, ok_server
 
-from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
-from test_slurm_jobs import _bring_up, _cheap_plan, ok_server  # noqa: E402
-
-from epdctl.slurm import jobs  # noqa: E402
-from epdctl.slurm.launcher import ALLOC_FILE  # noqa: E402
-from epdctl.state import ClusterDir  # noqa: E402
+from epdctl.launchers.slurm import jobs
+from epdctl.launchers.slurm.launcher import ALLOC_FILE
+from epdctl.state.store import ClusterDir
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())
@@ -76,7 +74,9 @@ def test_cancelled_allocation_is_failed_with_its_state_and_the_first_worker_to_e
         doc = json.loads(st.stdout)
         jsonschema.validate(doc, SCHEMA)
         assert doc["phase"] == "running" and doc["problem"] == ""
-        assert doc["allocation"] == {"job": job, "state": "RUNNING", "detail": ""}
+        assert doc["allocation"] == {"job": job, "state": "RUNNING", "detail": "", "owned": True}
+        text = cli("status", name)   # the job id for squeue / scancel / sacct, in the text too
+        assert f"  SLURM job {job} (RUNNING, submitted by epdctl)" in text.stdout.splitlines(), text.stdout
 
         assert jobs.cancel([job]) == []   # the allocation ends behind epdctl's back
         st = cli("status", name, "--json")
@@ -119,6 +119,9 @@ def test_refused_up_cancels_the_queued_job_and_records_nothing(
     assert "in the queue; it was cancelled. Raise --timeout" in out, out
     job = out.split("SLURM job ", 1)[1].split()[0]
     assert not jobs.poll([job])[job].active
+    # the job id was printed as soon as sbatch answered, before the wait in the queue
+    said = [ln for ln in up.stdout.splitlines() if ln.startswith(f"SLURM job {job} submitted: it holds the nodes")]
+    assert len(said) == 1 and f"squeue -j {job}" in said[0], up.stdout
     cdir = ClusterDir(doc["name"])
     assert cdir.load() is None and not (cdir.root / ALLOC_FILE).exists()
     for args in (("status",), ("status", doc["name"])):

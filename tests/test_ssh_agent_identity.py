@@ -1,4 +1,4 @@
-"""The ssh agent's process identity (epdctl/launchers/ssh/agent_procs.py) on this machine's
+"""The ssh agent's process identity (epdctl/node/ssh_agent_procs.py) on this machine's
 /proc: a record from the local state carries only ``create_time`` (btime + ticks), and btime
 flips by a whole second when the clock is slewed, so a record written under the other btime
 must still name its process (else `status` calls a live worker dead and `down` leaves it
@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from epdctl.launchers.ssh import agent_procs as ap
+from epdctl.node import ssh_agent_procs as ap
 
 TOKEN = "t-" + os.urandom(8).hex()
 

@@ -25,15 +25,13 @@ import jsonschema
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_ssh import processes_with, sshd, target  # noqa: F401  (fixture)
+from sshd_nodes import SshdNodes
 
-from conftest_ssh import processes_with, sshd, target  # noqa: E402,F401  (fixture)
-from sshd_nodes import SshdNodes  # noqa: E402
-
-from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh.conn import SSHOptions  # noqa: E402
-from epdctl.launchers.ssh.nodes import NodeAccess  # noqa: E402
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord  # noqa: E402
+from epdctl.launchers.ssh import SSHLauncher
+from epdctl.launchers.ssh.conn import SSHOptions
+from epdctl.launchers.ssh.nodes import NodeAccess
+from epdctl.state.store import ClusterDir, ClusterState, ProcessRecord
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "docs" / "status.schema.json").read_text())

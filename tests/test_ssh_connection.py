@@ -3,23 +3,19 @@ ssh config, jump hosts, and the fan-out map over nodes; every failure names the 
 
 from __future__ import annotations
 
-import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_ssh import (hermetic_ssh, node_access, processes_with, ssh_options,  # noqa: E402,F401
+from conftest_ssh import (hermetic_ssh, node_access, processes_with, ssh_options,  # noqa: F401
                           sshd, sshd_port, target, wait_dead)
-from sshd_nodes import SshdNodes, keygen, known_hosts_line  # noqa: E402
-from ssh_records import launcher, sleeper, spec, started  # noqa: E402
+from sshd_nodes import SshdNodes, keygen, known_hosts_line
+from ssh_records import launcher, sleeper, spec, started
 
-from epdctl.errors import LaunchError  # noqa: E402
-from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh.conn import SSHConnection, SSHError, SSHOptions, SSHTarget  # noqa: E402
-from epdctl.launchers.ssh.fanout import fanout, raise_if_failed  # noqa: E402
+from epdctl.errors import LaunchError
+from epdctl.launchers.ssh import SSHLauncher
+from epdctl.launchers.ssh.conn import SSHConnection, SSHError, SSHOptions, SSHTarget
+from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
 
 
 # ---- connections ---------------------------------------------------------------------------

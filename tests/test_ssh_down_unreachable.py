@@ -14,18 +14,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_ssh import processes_with, sshd  # noqa: F401  (fixture)
+from sshd_nodes import SSHD, SshdNodes
+from test_ssh_cli_failures import cli, fresh_env, running, sshd_port, topology, wait_serving  # noqa: F401
 
-from conftest_ssh import processes_with, sshd  # noqa: E402,F401  (fixture)
-from sshd_nodes import SSHD, SshdNodes  # noqa: E402
-from test_ssh_cli_failures import cli, fresh_env, running, sshd_port, topology, wait_serving  # noqa: E402,F401
-
-from epdctl.state import ClusterDir  # noqa: E402
+from epdctl.state.store import ClusterDir
 
 
 def _stop_sshd(nodes: SshdNodes, i: int) -> None:

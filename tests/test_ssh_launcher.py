@@ -12,20 +12,29 @@ import json
 import os
 import signal
 import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_ssh import (hermetic_ssh, node_access, processes_with, ssh_options,  # noqa: E402,F401
+from conftest_ssh import (hermetic_ssh, node_access, processes_with, ssh_options,  # noqa: F401
                           sshd, sshd_port, target, wait_dead)
-from ssh_records import launcher, sleeper, spec, started  # noqa: E402
+from ssh_records import launcher, sleeper, spec, started
 
-import epdctl  # noqa: E402
-from epdctl.launchers import get_launcher  # noqa: E402
-from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.launchers.ssh.nodes import with_overrides  # noqa: E402
+import epdctl
+from epdctl.launchers import get_launcher
+from epdctl.launchers.ssh import SSHLauncher
+from epdctl.launchers.ssh.nodes import with_overrides
+
+
+def _until(pred, limit: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+    """``start`` answers once each supervisor runs; its worker follows a moment later."""
+    deadline = time.monotonic() + limit
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 # ---- launcher: preparing nodes -------------------------------------------------------------
@@ -91,7 +100,7 @@ def test_start_poll_kill_behind_back_and_stop(sshd, ssh_options, tmp_path):
     res = started(lau, handles)
     assert res.all_ok, res.failed
     try:
-        assert len(processes_with(marker)) == 3
+        assert _until(lambda: len(processes_with(marker)) == 3)  # each supervisor starts its worker
         # The node records what it started, pid and ports included.
         rec = json.loads((tmp_path / "remote" / "t" / "node1" / "w1.json").read_text())
         assert rec["pid"] == res.ok["w1"].pid == rec["pgid"]
@@ -116,11 +125,41 @@ def test_start_poll_kill_behind_back_and_stop(sshd, ssh_options, tmp_path):
         lau.close()
 
 
+def test_one_agent_per_node_serves_every_call_of_a_launcher(sshd, ssh_options, tmp_path):
+    """prepare, start, poll, tail and stop on one node: one shell and one ``python -S`` agent
+    there (the program is sent once; every request after it is one line)."""
+    marker = f"epd-agent-{uuid.uuid4().hex}"
+    node = sshd.nodes[0].name
+    rec = spec("w0", "encoder", node, sleeper(marker), tmp_path)
+    daemon = sshd.nodes[0].pid
+
+    def agents() -> list[int]:  # agents under this node's sshd not left by an earlier test
+        return [p.pid for p in processes_with("epdctl-agent")
+                if daemon in (q.pid for q in p.parents()) and "-S" in p.cmdline() and p.pid not in earlier]
+    earlier: list[int] = []
+    earlier = agents()
+    with launcher(sshd, ssh_options, tmp_path) as lau:
+        res = started(lau, [rec])
+        assert res.all_ok, res.failed
+        session = lau.sessions[node]
+        chan = session._chan
+        first = agents()
+        assert len(first) == 1, first
+        assert lau.poll([rec]).ok["w0"].alive
+        assert lau.logs(rec).endswith("up")
+        assert lau.stop([rec], grace=5).all_ok
+        assert lau.sessions[node] is session and session._chan is chan and not chan.closed
+        assert agents() == first
+    wait_dead(first[0])  # closing the connection ends the agent (EOF on its stdin)
+    assert processes_with(marker) == []
+
+
 def test_stop_never_signals_a_process_it_cannot_prove_it_started(sshd, ssh_options, tmp_path):
     marker = f"epd-h5-{uuid.uuid4().hex}"
     with launcher(sshd, ssh_options, tmp_path) as lau:
         h = spec("w", "decode", "node0", sleeper(marker), tmp_path)
         assert started(lau, [h]).all_ok
+        assert _until(lambda: len(processes_with(marker)) == 1)  # the supervisor started it
         try:
             assert h.handle is not None
             impostor = replace(h, handle=replace(h.handle, create_time=h.handle.create_time - 3600))
@@ -151,7 +190,7 @@ def test_unreachable_node_fails_alone_and_nothing_is_left(sshd, ssh_options, tmp
     nodes = node_access(sshd)
     nodes["node2"] = with_overrides(nodes["node2"], host="127.0.0.97")
     with launcher(sshd, ssh_options, tmp_path, nodes=nodes) as lau:
-        lau._prepared = {n: {} for n in nodes}  # nodes prepared earlier: start goes per node
+        lau.starter.prepared = {n: {} for n in nodes}  # nodes prepared earlier: start goes per node
         recs = [spec(f"w{i}", "encoder", f"node{i}", sleeper(marker), tmp_path) for i in range(3)]
         res = started(lau, recs)
         assert sorted(res.ok) == ["w0", "w1"]
@@ -191,6 +230,11 @@ def test_env_is_expanded_here_or_on_the_node_and_values_are_not_stored(
             assert lau.stop(recs[:1], grace=5).all_ok
 
 
+def last_line(path: Path) -> str:
+    lines = path.read_text().splitlines() if path.exists() else []
+    return lines[-1] if lines else ""
+
+
 def test_launcher_protocol_start_prepares_all_nodes_and_uses_local_mirror(
         sshd, ssh_options, tmp_path):
     marker = f"epd-h5-{uuid.uuid4().hex}"
@@ -199,13 +243,16 @@ def test_launcher_protocol_start_prepares_all_nodes_and_uses_local_mirror(
         h = spec("w", "encoder", "node2", sleeper(marker), tmp_path)
         assert started(lau, [h]).all_ok
         try:
-            assert sorted(lau._prepared) == ["node0", "node1", "node2"]
+            assert sorted(lau.starter.prepared) == ["node0", "node1", "node2"]
             assert h.log == str(cdir / "logs" / "w.log") and h.node == "node2"
             assert lau.poll([h]).ok["w"].alive
+            deadline = time.monotonic() + 60  # the interpreter's start on a loaded host
+            while last_line(Path(h.log)) != "up" and time.monotonic() < deadline:
+                time.sleep(0.1)  # the mirror file appears with the worker's first line
         finally:
             assert lau.stop([h]).all_ok
         assert not lau.poll([h]).ok["w"].alive
-        assert Path(h.log).read_text().splitlines()[-1] == "up"
+        assert last_line(Path(h.log)) == "up"
     assert processes_with(marker) == []
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from epdctl.errors import StateError
-from epdctl.state import (
+from epdctl.state.store import (
     ClusterDir, ClusterState, Handle, ProcessRecord, check_name, list_clusters, resolve_cluster,
 )
 
@@ -49,7 +49,7 @@ def test_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     cd.save(ClusterState(name="demo", topology="t.yaml", launcher="local"))
     writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         from pathlib import Path
-        from epdctl.state import ClusterDir, ClusterState, Handle, ProcessRecord
+        from epdctl.state.store import ClusterDir, ClusterState, Handle, ProcessRecord
         cd = ClusterDir("demo", Path({str(tmp_path)!r}))
         recs = [ProcessRecord(name=f"w{{i}}", role="decode", node="n", host="h", port=i,
                 url="u", handle=Handle(pid=i, pgid=i), log="l", since=0.0, argv=["x"] * 50)
@@ -73,7 +73,7 @@ def test_lock_contention_between_two_processes(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from epdctl.state import ClusterDir
+        from epdctl.state.store import ClusterDir
         with ClusterDir("demo", Path({str(tmp_path)!r})).lock("up"):
             print("locked", flush=True)
             sys.stdin.readline()
@@ -219,3 +219,50 @@ def test_a_record_is_built_from_the_plan_without_parsing_names() -> None:
     assert plan.router is not None
     router = ProcessRecord.of(plan.router, plan.engine)
     assert router.name == "router" and router.prometheus_port == plan.router.prometheus_port
+
+
+def test_a_record_carries_its_spec_and_survives_a_save(tmp_path: Path) -> None:
+    """Every field of the plan's spec is on the record (ports by name, capabilities, setup),
+    and a saved state reads back the same."""
+    from epdctl.render import build_plan
+    from epdctl.topology import load_topology
+
+    root = Path(__file__).resolve().parents[1]
+    plan = build_plan(load_topology(root / "topologies" / "local.yaml"))
+    assert plan.router is not None
+    specs = [*plan.workers, plan.router]
+    recs = [ProcessRecord.of(s, plan.engine) for s in specs]
+    for s, r in zip(specs, recs):
+        assert (r.role, r.ports, r.key_vars, r.switchable, r.router_type, r.registers_workers) == (
+            s.role, s.ports, list(s.key_vars), s.switchable, s.router_type, s.registers_workers)
+        assert r.port == s.port and r.bootstrap_port == s.bootstrap_port
+    assert recs[-1].prometheus_host == plan.router.prometheus_host == "127.0.0.1"
+    assert [r.router_type for r in recs[:-1] if r.is_leader and r.role != "encoder"] == ["prefill", "decode"]
+    cd = ClusterDir("spec", tmp_path)
+    cd.save(ClusterState(name="spec", topology="t", launcher="local", processes=recs))
+    st = cd.load()
+    assert st is not None and st.processes == recs
+
+
+def test_an_earlier_version_2_state_gets_its_capabilities_from_the_recorded_commands(tmp_path: Path) -> None:
+    """A state.json written before records carried the plan's capabilities still loads, and
+    what `up`, `rebalance` and the Prometheus targets need is filled in once."""
+    old = {"version": 2, "name": "x", "topology": "t.yaml", "launcher": "local", "engine": "embedded",
+           "phase": "running", "processes": [
+               {"name": "decode-0", "role": "decode", "node": "a", "engine": "embedded", "host": "h", "port": 5,
+                "url": "http://h:5", "log": "l", "argv": ["python", "-m", "epdctl.runtime", "decode", "--api-key-env",
+                                                          "K", "--switchable"]},
+               {"name": "router", "role": "router", "node": "a", "engine": "embedded", "host": "h", "port": 6,
+                "url": "http://h:6", "log": "l", "argv": ["python", "-m", "epdctl.router_exec", "K",
+                                                          "smg.launch_router", "--prometheus-host", "0.0.0.0",
+                                                          "--prometheus-port", "7"]}]}
+    cd = ClusterDir("x", tmp_path)
+    cd.root.mkdir(parents=True)
+    cd.state_file.write_text(json.dumps(old))
+    st = cd.load()
+    assert st is not None
+    dec, router = st.processes
+    assert (dec.switchable, dec.key_vars, dec.router_type, dec.ports) == (True, ["K"], "decode", {"http": 5})
+    assert (router.key_vars, router.registers_workers, router.prometheus_host, router.prometheus_port) == (
+        ["K"], True, "0.0.0.0", 7)
+    assert router.ports == {"http": 6, "prometheus": 7}

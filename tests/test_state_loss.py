@@ -17,12 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from epdctl.launchers.lifecycle import BringUp
+from epdctl.orchestrate.lifecycle import BringUp
 from epdctl.launchers.local import LocalLauncher
-from epdctl.state import ClusterDir, ClusterState
+from epdctl.state.store import ClusterDir, ClusterState
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_lifecycle import Plan, _worker  # noqa: E402
+from test_lifecycle import Plan, _worker
 
 BASE = 34800  # 34700-34799 is test_lifecycle.py's
 
@@ -170,13 +169,14 @@ def test_a_killed_up_reads_as_failed_and_down_cleans_it(state_dir: Path, tmp_pat
     base = BASE + 90
     gate = tmp_path / "not-yet"
     gate.write_text("x")
+    # run as its own python process: tests/conftest.py's import path does not reach it
     script = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
 from test_lifecycle import Plan, _worker
-from epdctl.launchers.lifecycle import BringUp
+from epdctl.orchestrate.lifecycle import BringUp
 from epdctl.launchers.local import LocalLauncher
-from epdctl.state import ClusterDir, ClusterState
+from epdctl.state.store import ClusterDir, ClusterState
 plan = Plan([_worker("encoder-0", "encoder", {base + 1}),
              _worker("decode-0", "decode", {base + 2}, "--fail-health-file", {str(gate)!r})], None)
 cdir = ClusterDir("halfway")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import jsonschema
 
-from epdctl.launchers.observe import ClusterView, WorkerView
-from epdctl.probes import Load
+from epdctl.orchestrate.observe import ClusterView, WorkerView
+from epdctl.http.probes import Load
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[1] / "docs" / "status.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)

@@ -1,4 +1,4 @@
-"""The per-process supervisor (epdctl/launchers/supervise.py) on real processes: a real HTTP
+"""The per-process supervisor (epdctl/node/supervise.py) on real processes: a real HTTP
 server as the worker, real signals, the pid file it keeps."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Sup:
         if health:
             env["EPDCTL_HEALTH_URL"] = health
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "epdctl.launchers.supervise", "--", *argv],
+            self.proc = subprocess.Popen([sys.executable, "-m", "epdctl.node.supervise", "--", *argv],
                                          stdout=out, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
 

@@ -17,8 +17,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from epdctl.launchers.supervise import argv_urls, with_workers
-from epdctl.routerctl import RouterClient
+from epdctl.node.supervise import argv_urls, with_workers
+from epdctl.http.routerctl import RouterClient
 
 ROOT = Path(__file__).resolve().parents[1]
 DUMMY = ROOT / "tests" / "e2e" / "dummy_worker.py"
@@ -93,7 +93,7 @@ def test_a_router_killed_after_a_runtime_registration_comes_back_with_that_worke
            "--health-check-interval-secs", "1", "--worker-startup-check-interval", "1",
            "--cb-timeout-duration-secs", "2", "--policy", "round_robin"]
     with open(tmp_path / "router.log", "ab") as log:
-        procs.append(subprocess.Popen([sys.executable, "-m", "epdctl.launchers.supervise", "--", *smg], env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "epdctl.node.supervise", "--", *smg], env=env,
                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
     client = RouterClient(url)
     pid_file = tmp_path / "router.pid.json"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "tiny-qwen2vl"
-sys.path.insert(0, str(ROOT / "scripts"))
 
 from tiny_vlm_common import IMAGE_PAD, Loaded, answer, encode_request, load  # noqa: E402
 

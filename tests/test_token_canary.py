@@ -212,7 +212,7 @@ def test_check_canary_takes_the_engine_from_the_state_not_from_command_lines(
     from click.testing import CliRunner
 
     from epdctl.cli import cli
-    from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+    from epdctl.state.store import ClusterDir, ClusterState, ProcessRecord
 
     monkeypatch.setenv("EPDCTL_STATE_DIR", str(tmp_path))
     ClusterDir("v").save(ClusterState(name="v", topology="t.yaml", launcher="local",

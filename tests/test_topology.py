@@ -96,9 +96,9 @@ def test_secrets_stay_references_and_shell_output_parses(tmp_path: Path) -> None
     plan = build_plan(load_topology(ROOT / "topologies" / "qwen2vl-epd.yaml"))
     assert plan.router is not None
     # the router reads its key from the variable the topology names: only the name is rendered
-    assert plan.router.argv[2:5] == ("epdctl.router_exec", "EPD_ROUTER_API_KEY", "smg.launch_router")
+    assert plan.router.argv[2:5] == ("epdctl.node.router_exec", "EPD_ROUTER_API_KEY", "smg.launch_router")
     script = to_shell(plan)
-    assert "epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router" in script
+    assert "epdctl.node.router_exec EPD_ROUTER_API_KEY smg.launch_router" in script
     assert "--api-key" not in script
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
     assert shell_quote("a b'c") == shlex.quote("a b'c")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from epdctl.cli import cli
 from epdctl.errors import TopologyError
 from epdctl.render import build_plan, to_shell
-from epdctl.slurm.sbatch import render_sbatch
+from epdctl.launchers.slurm.sbatch import render_sbatch
 from epdctl.topology import Role, load_topology, topology_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +67,7 @@ def test_example_sbatch_asks_for_the_sum_and_rewrites_every_placeholder() -> Non
     assert _sbatch_nodes(text) == 1 + 2 + 1
     body = [x for x in text.splitlines() if not x.startswith("#")]
     assert not [x for x in body if ".slurm" in x]  # every placeholder host became ${EPD_ADDR_i}
-    assert 'wait_ready decode "decode-0=http://${EPD_ADDR_3}:37400/health"' in text
+    assert 'wait_ready decode 301 "decode-0=http://${EPD_ADDR_3}:37400/health"' in text
     proc = subprocess.run(["bash", "-n"], input=text, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from epdctl.cli import cli
-from epdctl.state import ClusterDir
+from epdctl.state.store import ClusterDir
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = 30600  # this file's ports: 30600-30699

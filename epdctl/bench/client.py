@@ -25,6 +25,8 @@ from epdctl.bench.workload import Request, RequestSource, Workload
 log = logging.getLogger(__name__)
 
 
+ZERO_TOKENS = "0 tokens generated"  # a response with no text: a failure, never a fast success
+
 @dataclass
 class Sample:
     """What one request measured (seconds; ``start`` is relative to the run's start)."""
@@ -126,8 +128,11 @@ async def send_one(session: Any, target: Target, req: Request, w: Workload,
     s.latency = end - t0
     if s.error:
         return s
-    if not stamps:
-        s.error = "stream ended without any content"
+    if not stamps or not "".join(text).strip():
+        # a pipeline that returns nothing answers fast: never a fast success
+        s.error = (f"{ZERO_TOKENS} (the stream ended with an empty completion"
+                   + (f", usage.completion_tokens {s.completion_tokens}" if s.completion_tokens == 0 else "")
+                   + ")")
         return s
     s.ok = True
     s.ttft = stamps[0] - t0

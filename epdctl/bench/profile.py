@@ -25,7 +25,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from epdctl import metrics
+from epdctl.http import metrics
 from epdctl.bench import client
 from epdctl.bench.target import Resolved
 from epdctl.bench.workload import Workload

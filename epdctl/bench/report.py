@@ -15,7 +15,7 @@ import math
 from collections import Counter
 from typing import Any, Sequence
 
-from epdctl.bench.client import Sample
+from epdctl.bench.client import ZERO_TOKENS, Sample
 
 PERCENTILES = (50, 90, 99)
 STAGE_KEYS = ("encode_ms", "prefill_ms", "kv_transfer_ms", "kv_wait_ms", "decode_ms", "ttft_ms",
@@ -44,6 +44,8 @@ def dist(xs: Sequence[float], scale: float = 1000.0) -> dict[str, float | None]:
 
 
 def _error_kind(err: str) -> str:
+    if err.startswith(ZERO_TOKENS):
+        return ZERO_TOKENS
     return err.split(":", 1)[0] if err else "unknown"
 
 

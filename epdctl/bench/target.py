@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epdctl.bench.client import Target, discover_model
-from epdctl.metrics import Endpoint
+from epdctl.http.metrics import Endpoint
 from epdctl.errors import EpdctlError
-from epdctl.state import ClusterState, resolve_cluster
+from epdctl.state.store import ClusterState, resolve_cluster
 
 
 @dataclass

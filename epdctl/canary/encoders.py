@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from epdctl.metrics import fetch, parse
+from epdctl.http.metrics import fetch, parse
 from epdctl.errors import ProbeError
 
 TRANSFERS = "sglang:encoder_transfer_seconds_count"

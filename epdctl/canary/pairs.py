@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
-from epdctl import metrics
+from epdctl.http import metrics
 from epdctl.errors import ProbeError
 from epdctl.rebalance.links import pd_pair
 

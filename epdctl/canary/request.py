@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from epdctl.errors import ProbeError
-from epdctl.probes import http
+from epdctl.http.probes import http
 
 
 @dataclass

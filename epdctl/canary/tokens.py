@@ -25,7 +25,7 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit
 
 from epdctl.errors import ProbeError
-from epdctl.probes import http
+from epdctl.http.probes import http
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"   # sglang.srt.disaggregation.utils.FAKE_BOOTSTRAP_HOST
 PROMPT = "Picture 1: red circle\nPicture 2: blue square\nPicture 3:"
@@ -96,7 +96,7 @@ def _post(url: str, body: dict[str, Any], what: str, timeout: float) -> dict[str
 
 def kv_counters(url: str, api_key_env: str | None) -> tuple[float | None, float | None, str | None]:
     """(KV bytes sent, transfers, source) from a prefill's /metrics; Nones when not exported."""
-    from epdctl.metrics import fetch, parse
+    from epdctl.http.metrics import fetch, parse
 
     r = fetch(url.rstrip("/") + "/metrics", api_key_env=api_key_env)
     if not r.ok:
@@ -173,7 +173,7 @@ def check_pair(prefill: Any, decode: Any, *, api_key_env: str | None, tokens: in
 
 
 def role_of(w: Any) -> str:
-    """A worker's role as text, from a plan's WorkerSpec (enum) or a recorded process (str)."""
+    """A worker's role as text, from a plan's ProcessSpec or a recorded process."""
     return str(getattr(w.role, "value", w.role))
 
 

@@ -3,15 +3,14 @@ file, and a topology that does not load."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from epdctl.errors import EpdctlError, TopologyError
-from epdctl.state import list_clusters
+from epdctl.errors import EpdctlError, Reported, TopologyError
+from epdctl.state.store import list_clusters
 
 
 def cluster_arg(arg: str | None) -> str | None:
@@ -37,11 +36,13 @@ def topology_problems(topology: str, hint: str = "") -> Iterator[None]:
     another EpdctlError its message; both exit 1."""
     try:
         yield
+    except Reported:
+        raise
     except TopologyError as e:
         click.secho(f"{topology}: {len(e.problems)} problem(s){hint}:", fg="red", err=True)
         for p in e.problems:
             click.echo(f"  {p.format(topology)}", err=True)
-        sys.exit(1)
+        raise Reported() from None
     except EpdctlError as e:
         click.secho(f"{topology}: {e}", fg="red", err=True)
-        sys.exit(1)
+        raise Reported() from None

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from epdctl.errors import EpdctlError
 from epdctl.bench.workload import Workload, WorkloadError, load_workload, parse_images
 
 
@@ -79,7 +80,7 @@ def build_workload(path: Path | None, **flags: Any) -> Workload:
 
 
 def run_once(resolved: Any, w: Workload, label: str, quiet: bool) -> tuple[list, dict]:
-    from epdctl import metrics
+    from epdctl.http import metrics
     from epdctl.bench import client, report
 
     before = metrics.scrape(resolved.endpoints, api_key_env=resolved.api_key_env)
@@ -155,6 +156,12 @@ def bench(target: str | None, workload_file: Path | None, images: str | None,
 
         plot_runs(runs, plot_out, title=f"epdctl bench {resolved.target.base_url}")
         click.echo(f"wrote {plot_out}")
+    from epdctl.bench.client import ZERO_TOKENS
+
+    empty = sum(rep["error_kinds"].get(ZERO_TOKENS, 0) for _, _, rep in runs)
+    if empty:
+        raise EpdctlError(f"{empty} response(s) generated 0 tokens: the pipeline answers without "
+                          "decoding (KV or embeddings not arriving; on GPUs a missing nvidia_peermem); "
+                          "check the transfers with `epdctl check --canary`")
     if all(rep["ok"] == 0 for _, _, rep in runs):
-        click.secho("error: no request succeeded; see the errors above", fg="red", err=True)
-        raise SystemExit(1)
+        raise EpdctlError("no request succeeded; see the errors above")

@@ -17,16 +17,18 @@ the recorded workers of a running cluster (resolved as `epdctl status` resolves 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
 import click
 
+from epdctl.engines import engine_for, engine_of
 from epdctl.canary.view import render_encoders, render_pairs, render_tokens
 from epdctl.commands.args import cluster_arg
 from epdctl.commands.render_status import render_canary
-from epdctl.errors import EpdctlError, ProbeError
-from epdctl.state import resolve_cluster
+from epdctl.errors import EpdctlError, ProbeError, Reported
+from epdctl.state.store import resolve_cluster
+from epdctl.topology.model import Topology
+from epdctl.render.plan import Plan
 
 
 def check_canary(cluster: str | None, as_json: bool) -> None:
@@ -39,7 +41,8 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
                           "with `epdctl up TOPOLOGY`")
     workers = state.workers
     engine = state.engine
-    if engine not in ("embedded", "sglang"):
+    canary = engine_for(engine).canary
+    if not canary.token_check:
         raise EpdctlError(f"cluster {state.name!r} runs {engine}: `check --canary` drives SGLang's "
                           "bootstrap-room contract (SGLang and the embedded engine); vLLM's NIXL "
                           "PD is checked by `epdctl up`'s canary through the router only")
@@ -48,7 +51,7 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
                            "tokens": [t.to_json() for t in tokens]}
     ok = all(t.ok for t in tokens)
     text = [render_tokens(tokens, state.name)]
-    if engine == "embedded":
+    if canary.pairs:
         from epdctl.canary.pairs import run_pair_canary
 
         report = run_pair_canary(workers, model=state.model, api_key_env=state.api_key_env)
@@ -65,7 +68,7 @@ def check_canary(cluster: str | None, as_json: bool) -> None:
     doc["ok"] = ok
     click.echo(json.dumps(doc, indent=2) if as_json else "\n\n".join(text))
     if not ok:
-        sys.exit(1)
+        raise Reported()
 
 
 def _sglang_encoders(state: Any, encs: list[Any]) -> list[Any]:
@@ -97,7 +100,7 @@ def up_token_check(workers: list[Any], cluster: str, api_key_env: str | None) ->
             f"{kv}")
 
 
-def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
+def run_up_canary(plan: Plan, topo: Topology, api_key_env: str | None) -> None:
     """Print the canary's lines; ProbeError (saying the cluster still runs) when it fails."""
     from epdctl.canary.pairs import byte_deltas
     from epdctl.canary.request import run_canary
@@ -106,22 +109,48 @@ def run_up_canary(plan: Any, topo: Any, api_key_env: str | None) -> None:
 
     still = (f"the cluster is still running: inspect it with `epdctl status` and `epdctl logs`, "
              f"stop it with `epdctl down {topo.name}`")
+    router = plan.router
+    if router is None:
+        raise ProbeError(f"{topo.name} has no router to send the canary through")
+    canary = engine_of(topo).canary
+    if canary.connectors and plan.stores:
+        return _connector_canary(plan, router.url, topo, api_key_env, still)
     try:
         res, deltas = byte_deltas(plan.workers, lambda: run_canary(
-            plan.router.url, model=topo.model.served_name, api_key_env=api_key_env, distinct_colours=True),
+            router.url, model=topo.model.served_name, api_key_env=api_key_env, distinct_colours=True),
             api_key_env=api_key_env)
     except ProbeError as e:
         raise ProbeError(f"{e}\n{still}") from e
     click.echo(render_canary(res))
-    if topo.engine == "embedded":  # other engines' /metrics carry no epd transport counters
+    if canary.transfer_counters:  # other engines' /metrics carry no epd transport counters
         roles = {w.name: role_of(w) for w in plan.workers}
         click.echo(render_deltas(deltas, roles))
         missing = missing_transfers(deltas, roles)
         if missing:
             raise ProbeError(f"canary: {'; '.join(missing)} (answer {res.answer[:80]!r}); "
                              f"per pair: `epdctl check --canary {topo.name}`\n{still}")
-    if topo.engine in ("embedded", "sglang") and any(role_of(w) == "decode" for w in plan.workers):
+    if canary.token_check and any(role_of(w) == "decode" for w in plan.workers):
         try:
             click.echo(up_token_check(list(plan.workers), topo.name, api_key_env))
         except ProbeError as e:
             raise ProbeError(f"{e}\n{still}") from e
+
+
+def _connector_canary(plan: Plan, router_url: str, topo: Topology, api_key_env: str | None, still: str) -> None:
+    """vLLM through files: the answer, and the KV tokens and store bytes the request moved."""
+    from epdctl.canary.connectors import prove
+    from epdctl.canary.request import run_canary
+
+    dirs = sorted({d for ds in plan.stores.values() for d in ds})
+    try:
+        res, proof = prove(plan.workers, dirs, lambda: run_canary(
+            router_url, model=topo.model.served_name, api_key_env=api_key_env, distinct_colours=True),
+            api_key_env=api_key_env)
+    except ProbeError as e:
+        raise ProbeError(f"{e}\n{still}") from e
+    click.echo(render_canary(res))
+    for line in proof.lines():
+        click.echo(line)
+    missing = proof.missing()
+    if missing:
+        raise ProbeError(f"canary: {'; '.join(missing)} (answer {res.answer[:80]!r})\n{still}")

@@ -5,13 +5,12 @@ before `up`, so a dead port or a slow rail is found in seconds rather than as a 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from epdctl.errors import EpdctlError
+from epdctl.errors import EpdctlError, Reported
 from epdctl.preflight import links as links_mod
 from epdctl.preflight.run import CheckReport, run_check
 from epdctl.preflight.targets import runners_for, transport_of
@@ -92,13 +91,25 @@ def render_table(report: CheckReport, transport: str, threshold: float) -> str:
               help="Free space required on the model's filesystem.")
 @click.option("--strict", is_flag=True,
               help="Warnings (no subnet manager, MTU below max, mixed rail rates, ...) fail too.")
+@click.option("--answers", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="On a running cluster (TOPOLOGY is then a cluster name or topology file): ask "
+                   "this JSONL file's questions through the router and judge the answers "
+                   "(prompt or messages; expect or expect_regex).")
+@click.option("--min-correct", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="With --answers: the share of answers that must be right (default 1).")
 def check(topology: str | None, canary: bool, with_links: bool, as_json: bool, threshold: float,
-          seconds: float, agent_port: int, min_disk_gb: float, strict: bool) -> None:
+          seconds: float, agent_port: int, min_disk_gb: float, strict: bool,
+          answers: Path | None, min_correct: float | None) -> None:
     """Preflight TOPOLOGY's nodes: RDMA ports, GPUs, limits, versions, ports; exit 1 on failure
     (ok / WARN / FAIL per item; see `epdctl diagnose` for one saved tool output).
 
     With --canary, check a running cluster's transfers pair by pair instead.
     """
+    if answers is not None:
+        from epdctl.commands.answers import check_answers
+
+        check_answers(answers, topology, min_correct)
+        return
     if canary:
         from epdctl.commands.canary import check_canary
 
@@ -121,4 +132,4 @@ def check(topology: str | None, canary: bool, with_links: bool, as_json: bool, t
     else:
         click.echo(render_table(report, transport_of(topo), threshold))
     if not report.ok:
-        sys.exit(1)  # SystemExit: cli.main drops the code of click's Exit in non-standalone mode
+        raise Reported()

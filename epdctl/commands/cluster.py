@@ -11,17 +11,20 @@ from typing import Any
 
 import click
 
-from epdctl.errors import EpdctlError, LaunchError
+from epdctl.errors import EpdctlError, LaunchError, Reported
 from epdctl.launchers import get_launcher, names as launcher_names
-from epdctl.launchers.lifecycle import BringUp
-from epdctl.launchers.observe import observe
-from epdctl.prometheus_sd import key_hint, register as register_sd
-from epdctl.state import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
+from epdctl.orchestrate import stores
+from epdctl.orchestrate.lifecycle import BringUp
+from epdctl.orchestrate.observe import observe
+from epdctl.orchestrate.prometheus_sd import kept_current, key_hint, register as register_sd
+from epdctl.state.store import ClusterDir, ClusterState, list_clusters, resolve_cluster, state_root
 from epdctl.topology.schema import LAUNCHERS
 
 from epdctl.commands.args import cluster_arg as _cluster_arg, complete_cluster
+from epdctl.commands.lock import planned_lock, refuse_unless_locked, write_lock
 from epdctl.commands.preflight_gate import preflight_before_up
-from epdctl.commands.render_status import Progress, render_status
+from epdctl.commands.render_status import Progress, job_line, render_status
+from epdctl.render.plan import Plan
 
 
 _SD_HELP = ("Write Prometheus file_sd targets (every worker and the router, labels cluster/role/worker/node) "
@@ -36,41 +39,33 @@ def _load_plan(path: Path) -> tuple[Any, Any]:
     return topo, build_plan(topo)
 
 
-def _check_ports_free(plan: Any) -> None:
+def _check_ports_free(plan: Plan) -> None:
     """Fail before starting anything if a planned port is taken (clearer than a worker log)."""
     busy = []
     procs = [*plan.workers, *([plan.router] if plan.router else [])]
     for p in procs:
-        ports = [("port", p.port), ("bootstrap port", getattr(p, "bootstrap_port", None)),
-                 ("encoder bootstrap port", getattr(p, "encoder_bootstrap_port", None)),
-                 ("prometheus port", getattr(p, "prometheus_port", None))]
-        for what, port in ports:
-            if port is None:
-                continue
+        for label, port in p.ports.items():
+            what = "port" if label == "http" else f"{label.replace('_', ' ')} port"
             with socket.socket() as s:
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind((p.host, int(port)))
                 except OSError:
-                    busy.append(f"  [{getattr(p, 'name', 'router')}] {what} {p.host}:{port}")
+                    busy.append(f"  [{p.name}] {what} {p.host}:{port}")
     if busy:
         raise LaunchError("ports already in use (another cluster or program holds them):\n"
                           + "\n".join(busy) + "\nstop it (`epdctl down`) or change the "
                           "topology's ports")
 
 
-def _as_started(plan: Any, state: ClusterState) -> Any:
-    """The plan with the address each process was started at (a launcher may choose it: the
-    SLURM launcher puts workers on the allocated nodes), for the endpoint line and the canary."""
-    import dataclasses
+def _staged(topo: Any, plan: Any, path: Path, launcher: Any, run_dir: Path) -> tuple[Any, Any]:
+    """The weights where the engines read them (`epdctl stage`), the plan rebuilt when the
+    download told which snapshot the engines get."""
+    from epdctl.commands.stage import StagePrinter, run_stage
+    from epdctl.render import build_plan
 
-    by = {p.name: p for p in state.processes}
-
-    def fix(spec: Any, name: str) -> Any:
-        rec = by.get(name)
-        return dataclasses.replace(spec, url=rec.url, host=rec.host) if rec else spec
-    return dataclasses.replace(plan, workers=[fix(w, w.name) for w in plan.workers],
-                               router=fix(plan.router, "router") if plan.router else None)
+    staged = run_stage(topo, path, launcher, run_dir, StagePrinter())
+    return (staged, build_plan(staged)) if staged is not topo else (topo, plan)
 
 
 def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
@@ -95,9 +90,12 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
 @click.option("--launcher", "launcher_name", type=click.Choice(LAUNCHERS), default=None,
               help="How to start workers (default: the topology's launcher).")
 @click.option("--no-canary", is_flag=True, help="Skip the post-launch test request.")
-@click.option("--timeout", type=float, default=300.0, show_default=True,
-              help="Seconds the cluster may take to become healthy (every role starts at "
-                   "once).")
+@click.option("--no-check", is_flag=True,
+              help="Skip the topology's answer check (`check: {answers: FILE}`).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds every process may take to become healthy (every role starts at "
+                   "once). Default: per role, the topology's `startup: {timeout: S}`, else "
+                   "scaled with the weights' size.")
 @click.option("--accept-new-host-keys", is_flag=True,
               help="ssh launcher: trust and record the host keys of nodes never seen before "
                    "(check their fingerprints first); a changed key is always refused.")
@@ -107,8 +105,17 @@ def _refuse_if_running(cdir: ClusterDir, launcher: Any) -> None:
               help="Do not run the node preflight (`epdctl check TOPOLOGY`) before launching.")
 @click.option("--prometheus-sd", "prometheus_sd", type=click.Path(dir_okay=False, path_type=Path),
               help=_SD_HELP)
-def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: float,
-       accept_new_host_keys: bool, force: bool, skip_preflight: bool, prometheus_sd: Path | None) -> None:
+@click.option("--no-stage", is_flag=True,
+              help="Do not download an hf: model or copy it to model.stage first (`epdctl stage` does).")
+@click.option("--lock", "lock_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also copy the run's epdctl.lock (versions, image, model, commands, node "
+                   "facts; always written into the run folder) to this file.")
+@click.option("--locked", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Refuse to start, printing the difference, when anything would differ from "
+                   "this lock.")
+def up(topology: Path, launcher_name: str | None, no_canary: bool, no_check: bool, timeout: float | None,
+       accept_new_host_keys: bool, force: bool, skip_preflight: bool, prometheus_sd: Path | None,
+       lock_out: Path | None, locked: Path | None, no_stage: bool) -> None:
     """Preflight TOPOLOGY's nodes, start every worker and the router at once, wait for all,
     then run a canary."""
     topo, plan = _load_plan(topology)
@@ -116,43 +123,85 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, timeout: floa
     if name not in launcher_names():
         raise LaunchError(f"`epdctl up` cannot use launcher {name!r}; available: "
                           f"{', '.join(launcher_names())}")
+    if topo.check is not None and not no_check:
+        from epdctl.answers.questions import load as load_answers
+
+        load_answers(topo.check.answers)  # a bad answers file stops `up` before it starts anything
     cdir = ClusterDir(topo.name)
     api_key_env = plan.router.api_key_env if plan.router else None
     if api_key_env and not os.environ.get(api_key_env):
         raise LaunchError(f"the router's API key variable {api_key_env} (router.api_key_env in "
                           f"{topology}) is not set; export it before `epdctl up`")
+    from epdctl.orchestrate.startup import budgets, describe
+
+    limits = ({p.name: timeout for p in (*plan.workers, *([plan.router] if plan.router else []))}
+              if timeout is not None else budgets(topo, plan))
     launcher = get_launcher(name, cdir.root, topo, accept_new_host_keys)
-    if hasattr(launcher, "wait_limit"):  # --timeout also bounds a batch job's wait in the queue
-        launcher.wait_limit = timeout
+    if hasattr(launcher, "wait_limit"):  # the budget also bounds a batch job's wait in the queue
+        launcher.wait_limit = timeout if timeout is not None else max(limits.values())
+    held: list[str] = []
+    if hasattr(launcher, "announce"):  # the scheduler's job id, for squeue / scancel / sacct
+        def announce(job: str, owned: bool) -> None:
+            if held[-1:] != [job]:
+                click.echo(job_line(job, owned))
+            held.append(job)
+        launcher.announce = announce
     try:
-        with cdir.lock("up"):
+        with cdir.lock("up"), kept_current(cdir):
             _refuse_if_running(cdir, launcher)
-            preflight_before_up(topo, plan, launcher, force=force, skip=skip_preflight)
+            if not no_stage:
+                topo, plan = _staged(topo, plan, topology, launcher, cdir.root)
+            elif launcher.runs_here:
+                from epdctl.stage import require_staged_here
+
+                require_staged_here(topo, topology)
+            report = preflight_before_up(topo, plan, launcher, force=force, skip=skip_preflight)
+            lock_doc = planned_lock(topo, plan, report, cdir.root)
+            if locked is not None:
+                refuse_unless_locked(lock_doc, locked)
             if launcher.runs_here:
                 _check_ports_free(plan)
             state = ClusterState(name=topo.name, topology=str(topology.resolve()),
                                  launcher=name, engine=topo.engine, api_key_env=api_key_env,
-                                 model=topo.model.served_name)
+                                 model=topo.model.served_name,
+                                 stores={n: list(d) for n, d in plan.stores.items()})
             if prometheus_sd is not None:
                 register_sd(cdir, prometheus_sd, state)
                 if hint := key_hint(state):
                     click.echo(hint, err=True)
             cdir.save(state)
+            if launcher.nodes_known:  # elsewhere (SLURM) the engine makes them on first write
+                stores.prepare(launcher, plan.stores)
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
+            if timeout is None:
+                click.echo(describe(topo, limits))
             t0 = time.monotonic()
-            BringUp(launcher, cdir, state, timeout=timeout, on_event=Progress()).run(plan)
+            bring = BringUp(launcher, cdir, state, timeout=max(limits.values()),
+                            on_event=Progress(), timeouts=limits)
+            bring.run(plan)
+            plan_run = bring.plan or plan  # SLURM: the allocated nodes' addresses, not the plan's
+            lock_path = write_lock(lock_doc, cdir.root, lock_out)
     finally:
         launcher.close()
-    plan = _as_started(plan, state)  # SLURM: the allocated nodes' addresses, not the plan's
+    plan = plan_run
     click.secho(f"cluster {topo.name} is up in {time.monotonic() - t0:.1f}s", fg="green")
+    click.echo(f"  lock: {lock_path}" + (f" (copied to {lock_out})" if lock_out else ""))
+    if held:
+        click.echo(f"  SLURM job: {held[-1]}  (squeue -j {held[-1]}; sacct -j {held[-1]})")
     if plan.router:
         click.echo(f"  OpenAI endpoint: {plan.router.url}/v1  (model {topo.model.served_name})")
-    if no_canary or plan.router is None:
+    if plan.router is None:
         return
-    from epdctl.commands.canary import run_up_canary
+    if not no_canary:
+        from epdctl.commands.canary import run_up_canary
 
-    run_up_canary(plan, topo, api_key_env)
+        run_up_canary(plan, topo, api_key_env)
+    if topo.check is not None and not no_check:
+        from epdctl.commands.answers import run_up_answers
+
+        run_up_answers(plan.router.url, topo, api_key_env)
+    click.secho(f"cluster {topo.name} is ready", fg="green")
 
 
 @click.command()
@@ -201,7 +250,7 @@ def status(cluster: str | None, as_json: bool, watch: bool, interval: float,
             break
         time.sleep(interval)
     if not view.healthy:
-        raise SystemExit(1)
+        raise Reported()
 
 
 def _log_dir_cluster(name: str | None) -> ClusterDir:

@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import click
 
+from epdctl.errors import Reported
 from epdctl.preflight.diagnose import judge_file
 from epdctl.preflight.judgement import FAIL, Judgement
 
@@ -57,4 +57,4 @@ def diagnose(files: tuple[str, ...], as_json: bool) -> None:
         click.echo(f"\n{len(results)} file(s): {failed} fail, "
                    f"{sum(j.verdict == 'warn' for _, j in results)} warn")
     if any(j.verdict == FAIL for _, j in results):
-        sys.exit(1)  # SystemExit: cli.main drops the code of click's Exit in non-standalone mode
+        raise Reported()

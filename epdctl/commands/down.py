@@ -1,7 +1,7 @@
 """`epdctl down`: stop exactly a cluster's processes, with or without a readable state.
 
 What `down` stops: every recorded process, plus every process that carries the cluster's
-marker (``EPDCTL_CLUSTER``; see launchers/supervise.py) but is not recorded — so an emptied,
+marker (``EPDCTL_CLUSTER``; see node/supervise.py) but is not recorded — so an emptied,
 edited or deleted state.json still leaves nothing running. What it never stops: a process
 without the marker and the recorded token, whatever pid or start time a record names. A
 state.json that cannot be read is refused with a message; `down --force` then stops by marker
@@ -18,8 +18,10 @@ from epdctl.commands.args import cluster_arg, complete_cluster
 from epdctl.errors import LaunchError, StateError
 from epdctl.launchers import get_launcher
 from epdctl.launchers.base import Results, Status
-from epdctl.launchers.lifecycle import tear_down
-from epdctl.state import (ClusterDir, ClusterState, ProcessRecord, list_clusters, resolve_cluster,
+from epdctl.orchestrate import stores
+from epdctl.orchestrate.lifecycle import tear_down
+from epdctl.orchestrate.prometheus_sd import kept_current
+from epdctl.state.store import (ClusterDir, ClusterState, ProcessRecord, list_clusters, resolve_cluster,
                           state_root)
 
 
@@ -90,7 +92,7 @@ def down(cluster: str | None, grace: float, force: bool) -> None:
     if cdir is None:
         return
     t0 = time.monotonic()
-    with cdir.lock("down"):
+    with cdir.lock("down"), kept_current(cdir):
         state: ClusterState | None
         try:
             state = cdir.load()
@@ -108,6 +110,12 @@ def down(cluster: str | None, grace: float, force: bool) -> None:
         try:
             res, strays = tear_down(state, launcher, grace=grace)
             polled = launcher.poll(state.processes) if state else Results[Status]()
+            if state is not None and state.stores and res.all_ok and launcher.nodes_known:
+                gone = stores.remove(launcher, state.stores)
+                res.failed.update({f"{n} (store)": e for n, e in gone.failed.items()})
+                if gone.ok:
+                    click.echo(f"removed the transfer store on {', '.join(gone.ok)}: "
+                               f"{', '.join(sorted({d for ds in state.stores.values() for d in ds}))}")
         finally:
             launcher.close()
         for r in strays:

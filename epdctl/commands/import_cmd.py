@@ -7,12 +7,11 @@ reports how much of every input command `render` reproduces.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from epdctl.errors import EpdctlError, TopologyError
+from epdctl.errors import EpdctlError, Reported, TopologyError
 
 
 @click.command("import")
@@ -60,10 +59,10 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
                     f"`epdctl validate` on it:", fg="yellow", err=True)
         for p in e.problems:
             click.echo(f"  {p.format(str(output) if output else None)}", err=True)
-        sys.exit(1)
+        raise Reported() from None
     except EpdctlError as e:
         click.secho(f"cannot render the imported topology: {e}", fg="yellow", err=True)
-        sys.exit(1)
+        raise Reported() from None
     pct = 100.0 * matched / total if total else 100.0
     click.echo(f"round trip: render reproduces {matched}/{total} input server flags ({pct:.1f}%), "
                f"multi-node wiring {'identical' if wiring else 'DIFFERENT'}", err=True)
@@ -72,4 +71,4 @@ def import_(files: tuple[str, ...], output: Path | None, name: str | None, varia
                     f"it, then `epdctl validate`:", fg="yellow", err=True)
         for q in problems:
             click.echo(f"  {q}", err=True)
-        sys.exit(1)
+        raise Reported()

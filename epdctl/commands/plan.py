@@ -11,7 +11,9 @@ from typing import Any
 import click
 import yaml
 
-from epdctl.errors import EpdctlError
+from epdctl.engines import engine_of
+from epdctl.errors import EpdctlError, Reported
+from epdctl.topology.model import Topology
 
 
 @click.command("profile")
@@ -63,7 +65,7 @@ def _read_json(path: Path, what: str) -> Any:
         raise EpdctlError(f"{what} {path} is not JSON: {e}") from None
 
 
-def _cost_per_worker(topo: Any) -> tuple[dict[str, int], str]:
+def _cost_per_worker(topo: Topology) -> tuple[dict[str, int], str]:
     """GPUs per worker of each role (from the topology); workers when the engine uses none."""
     from epdctl.topology.model import Role
 
@@ -74,18 +76,18 @@ def _cost_per_worker(topo: Any) -> tuple[dict[str, int], str]:
             raise EpdctlError(f"{topo.source}: no {role.value} workers; `epdctl plan` sizes "
                               "an encoder/prefill/decode topology (not a colocated one)")
         cost[role.value] = ws[0].settings.gpus
-    if all(v <= 1 for v in cost.values()) and topo.engine == "embedded":
+    if all(v <= 1 for v in cost.values()) and not engine_of(topo).uses_gpus:
         return {k: 1 for k in cost}, "workers"
     return {k: max(1, v) for k, v in cost.items()}, "GPUs"
 
 
-def _shared_cores(topo: Any) -> float | None:
+def _shared_cores(topo: Topology) -> float | None:
     """This machine's cores when every worker of an embedded topology is on one shared node
     here (the planner's contention term); None when workers have their own accelerators."""
     import os
 
     nodes = {n for w in topo.workers for n in w.nodes}
-    if topo.engine != "embedded" or len(nodes) != 1:
+    if engine_of(topo).uses_gpus or len(nodes) != 1:
         return None
     node = topo.node(next(iter(nodes)))
     local = node.host in ("127.0.0.1", "localhost", "::1") or node.host.startswith("127.")
@@ -203,4 +205,4 @@ def plan(topology: Path, workload_file: Path, profile_file: Path, gpus: int | No
         elif write_out:
             click.echo(f"not written: {write_out} (no feasible split)")
     if not peak.feasible:
-        raise SystemExit(2)
+        raise Reported()

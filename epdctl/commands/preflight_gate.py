@@ -19,6 +19,8 @@ from epdctl.errors import LaunchError
 from epdctl.launchers.base import Launcher
 from epdctl.preflight.run import CheckReport, run_check
 from epdctl.preflight.targets import runners_for
+from epdctl.topology.model import Topology
+from epdctl.render.plan import Plan
 
 
 def _judged(report: CheckReport, launcher: Launcher) -> CheckReport:
@@ -26,7 +28,7 @@ def _judged(report: CheckReport, launcher: Launcher) -> CheckReport:
     here: `up`'s own port check binds every planned port (prometheus ports included) and names
     the holder, so the preflight's listening-socket view would only fail first, more vaguely."""
     skip = {"ports"} if launcher.runs_here else set()
-    return CheckReport(items=[i for i in report.items if i.check not in skip])
+    return CheckReport(items=[i for i in report.items if i.check not in skip], facts=report.facts)
 
 
 def _line(item: Any) -> str:
@@ -35,21 +37,22 @@ def _line(item: Any) -> str:
     return f"  [{item.node}] {what}: {detail}"
 
 
-def preflight_before_up(topo: Any, plan: Any, launcher: Launcher, *, force: bool,
-                        skip: bool) -> None:
-    """Run the node checks; print failures; raise unless they all pass or ``force`` is set."""
+def preflight_before_up(topo: Topology, plan: Plan, launcher: Launcher, *, force: bool,
+                        skip: bool) -> CheckReport | None:
+    """Run the node checks; print failures; raise unless they all pass or ``force`` is set.
+    Returns the report (its ``facts`` go into the lock); None when the preflight did not run."""
     if skip:
         click.echo("preflight: skipped (--skip-preflight)")
-        return
+        return None
     if not launcher.nodes_known:
         click.echo(f"preflight: skipped for launcher {launcher.name} (the nodes are known only "
                    "once the job runs); run `epdctl check` inside an allocation to check them")
-        return
+        return None
     report = _judged(run_check(topo, runners_for(topo, launcher), plan=plan), launcher)
     failed = [i for i in report.items if not i.ok]
     if not failed:
         click.echo(f"preflight: {len(report.items)} node checks passed")
-        return
+        return report
     msg = (f"preflight: {len(failed)} of {len(report.items)} node checks failed:\n"
            + "\n".join(_line(i) for i in failed))
     lost = sorted({i.node for i in failed if i.check == "reach node"})
@@ -59,7 +62,7 @@ def preflight_before_up(topo: Any, plan: Any, launcher: Launcher, *, force: bool
                           "check TOPOLOGY`) or take them out of the topology")
     if force:
         click.secho(msg + "\n--force: launching anyway", fg="yellow", err=True)
-        return
+        return report
     raise LaunchError(msg + "\nnothing was started; fix the above (details: `epdctl check "
                       "TOPOLOGY`), or launch anyway with --force, or skip it with "
                       "--skip-preflight")

@@ -9,8 +9,10 @@ from typing import Any
 
 import click
 
-from epdctl.errors import EpdctlError, StateError
-from epdctl.state import ClusterDir, ClusterState, resolve_cluster
+from epdctl.errors import EpdctlError, Reported, StateError
+from epdctl.orchestrate.prometheus_sd import kept_current
+from epdctl.state.store import ClusterDir, ClusterState, resolve_cluster
+from epdctl.topology.model import Topology
 
 
 def _cluster(arg: str | None) -> tuple[ClusterDir, ClusterState]:
@@ -62,7 +64,7 @@ def _execute(cdir: ClusterDir, rp: Any, request: dict[str, Any], opts: Any) -> d
     from epdctl.launchers import get_launcher
     from epdctl.rebalance.execute import Executor
 
-    with cdir.lock("rebalance"):
+    with cdir.lock("rebalance"), kept_current(cdir):
         state = cdir.load()
         if state is None:
             raise StateError(f"cluster {cdir.name!r} was stopped while the rebalance was planned")
@@ -84,7 +86,7 @@ def _report(rec: dict[str, Any]) -> None:
             click.echo(f"  {m['move']['worker']} -> {m['move']['new_name']}: {m['outcome']} "
                        f"({m['error']})")
     if rec["outcome"] != "done":
-        raise SystemExit(1)
+        raise Reported()
 
 
 @click.command()
@@ -217,7 +219,7 @@ def _auto_loop(cdir: ClusterDir, policy: Any, opts: Any, apply: bool, interval: 
             time.sleep(interval)
 
 
-def _apply(cdir: ClusterDir, topo: Any, prop: Any, opts: Any) -> str:
+def _apply(cdir: ClusterDir, topo: Topology, prop: Any, opts: Any) -> str:
     """Run one proposal as `rebalance +1 --from`; its outcome, or why it was not applied."""
     from epdctl.rebalance.plan import plan_rebalance
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import click
 
+from epdctl.errors import EpdctlError
+from epdctl.launchers.kinds import batch_kind
 from epdctl.commands.args import topology_problems
 from epdctl.render import build_plan, to_json, to_shell
 from epdctl.topology import load_topology
@@ -29,11 +30,12 @@ def render(topology: str, node: str | None, fmt: str, out: Path | None, launcher
     with topology_problems(topology, "; run `epdctl validate` for details"):
         topo = load_topology(topology)
         plan = build_plan(topo)
-        if launcher == "slurm":
-            from epdctl.slurm.sbatch import render_sbatch
+        batch = batch_kind(launcher)
+        if batch is not None:
+            from epdctl.launchers.slurm.sbatch import render_sbatch
 
             text = render_sbatch(topo, plan, template)
-    if launcher == "slurm":
+    if batch is not None:
         if out is None:
             click.echo(text, nl=False)
             return
@@ -41,13 +43,11 @@ def render(topology: str, node: str | None, fmt: str, out: Path | None, launcher
             out.mkdir(parents=True, exist_ok=True)
             (out / f"{topo.name}.sbatch").write_text(text, encoding="utf-8")
         except OSError as e:
-            click.secho(f"cannot write to {out}: {e.strerror}; pick a writable --out directory", fg="red", err=True)
-            sys.exit(1)
+            raise EpdctlError(f"cannot write to {out}: {e.strerror}; pick a writable --out directory") from None
         click.echo(f"wrote {out / (topo.name + '.sbatch')}")
         return
     if node is not None and node not in plan.nodes:
-        click.secho(f"node {node!r} runs nothing in this topology; nodes: {', '.join(plan.nodes)}", fg="red", err=True)
-        sys.exit(1)
+        raise EpdctlError(f"node {node!r} runs nothing in this topology; nodes: {', '.join(plan.nodes)}")
     emit = to_json if fmt == "json" else to_shell
     if out is None:
         click.echo(emit(plan, node), nl=False)
@@ -62,6 +62,5 @@ def render(topology: str, node: str | None, fmt: str, out: Path | None, launcher
         if node is None:
             (out / f"plan.{fmt}").write_text(emit(plan, None), encoding="utf-8")
     except OSError as e:
-        click.secho(f"cannot write to {out}: {e.strerror}; pick a writable --out directory", fg="red", err=True)
-        sys.exit(1)
+        raise EpdctlError(f"cannot write to {out}: {e.strerror}; pick a writable --out directory") from None
     click.echo(f"wrote {len(plan.nodes)} node file(s) to {out}")

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from epdctl.launchers.lifecycle import Event
-from epdctl.launchers.observe import ClusterView
+from epdctl.orchestrate.lifecycle import Event
+from epdctl.orchestrate.observe import ClusterView
 
 
 def fmt_uptime(seconds: float | None) -> str:
@@ -66,6 +66,15 @@ def _table(head: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
             for r in (head, *rows)]
 
 
+def job_line(job: str, owned: bool) -> str:
+    """The SLURM job a cluster runs in, and who ends it."""
+    if owned:
+        return (f"SLURM job {job} submitted: it holds the nodes until `epdctl down` cancels it "
+                f"(squeue -j {job}; scancel {job} ends the cluster)")
+    return (f"running inside SLURM allocation {job} ($SLURM_JOB_ID): `epdctl down` stops the "
+            f"workers' steps and leaves the job to its owner")
+
+
 def render_figures(view: ClusterView) -> list[str]:
     """The second table: per worker, per role and the router (cumulative since start)."""
     rows = [_fig_cells(w.name, w.figures) for w in view.workers if w.role != "router"]
@@ -98,6 +107,10 @@ def render_status(view: ClusterView, color: bool = True) -> str:
 
     out = [f"cluster {view.name}  ({view.phase}, launcher {view.launcher}, {view.topology})"]
     out += [f"  {view.problem}"] if view.problem else []
+    if view.allocation is not None:
+        a = view.allocation
+        out.append(f"  SLURM job {a['job']} ({a['state']}, "
+                   f"{'submitted by epdctl' if a.get('owned', True) else 'adopted: its owner ends it'})")
     out += [f"  {node}: unreachable: {why} (its workers' state is unknown)"
             for node, why in view.unreachable.items()]
     out += ["", line(head)]
@@ -113,6 +126,12 @@ def render_status(view: ClusterView, color: bool = True) -> str:
         out.append(f"router view: {state}" + (f" ({view.router_detail})"
                                               if view.router_detail else ""))
     out += render_figures(view)
+    images: dict[str, list[str]] = {}
+    for w in view.workers:
+        if w.image:
+            images.setdefault(w.image, []).append(w.name)
+    if images:
+        out += ["", "containers:"] + [f"  {image}: {', '.join(names)}" for image, names in images.items()]
     restarted = [w for w in view.workers if w.last_exit]
     if restarted:
         out += ["", "last exits (the supervisor restarts a worker that dies after it was healthy):"]
@@ -151,6 +170,12 @@ class Progress:
         elif e.kind == "registered":
             self._end()
             click.echo(f"  registered {e.detail}")
+        elif e.kind == "worker":  # a waiting worker's last meaningful log line
+            self._end()
+            click.echo(f"  {fmt_uptime(e.elapsed):>6}  {e.detail}")
+        elif e.kind == "node":
+            self._end()
+            click.secho(f"  node {e.stage}: {e.detail}", fg="yellow")
 
     def _end(self) -> None:
         if self._open:

@@ -6,7 +6,6 @@ Warnings name flags SGLang deprecated or reads as abbreviations, with the exact 
 
 from __future__ import annotations
 
-import sys
 
 import click
 
@@ -45,8 +44,7 @@ def validate(topology: str, fix: bool) -> None:
         try:
             apply_fixes(topology, fixes, _engine(topology))
         except EpdctlError as e:
-            click.secho(f"{topology}: {e}", fg="red", err=True)
-            sys.exit(1)
+            raise EpdctlError(f"{topology}: {e}") from None
         for f in fixes:
             where = f"{topology}:{f.line}" if f.line else topology
             for msg in f.messages():

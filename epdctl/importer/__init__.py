@@ -9,7 +9,8 @@ from epdctl.importer.compose import draft
 from epdctl.importer.build import Draft
 from epdctl.importer.emit import to_yaml
 from epdctl.importer.launches import Launch, classify
-from epdctl.importer.shell import ScriptError, read_scripts
+from epdctl.importer.kube import parse_manifests
+from epdctl.importer.shell import Command, ScriptError, looks_like_manifest, parse_script, read_text
 
 __all__ = ["import_scripts", "Draft", "ScriptError"]
 QUIET = {"set", "echo", "sleep", "wait", "mkdir", "rm", "trap", "kill", "pkill", "unset", "if", "fi", "then",
@@ -24,12 +25,24 @@ def substitute(cmd_tokens: list[str], variables: dict[str, str]) -> list[str]:
     return [one(t) for t in cmd_tokens]
 
 
+def read_sources(paths: list[str]) -> list[Command]:
+    """Commands of every file, in the order given: shell scripts line by line, Kubernetes
+    manifests pod by pod."""
+    out: list[Command] = []
+    for p in paths:
+        text = read_text(p)
+        name = Path(p).name
+        manifest = Path(p).suffix in (".yaml", ".yml") or looks_like_manifest(text)
+        out.extend(parse_manifests(text, name) if manifest else parse_script(text, name))
+    return out
+
+
 def import_scripts(paths: list[str], name: str | None = None, variables: dict[str, str] | None = None,
                    migrate: bool = True) -> tuple[Draft, str, list[str]]:
     """(the draft, its YAML text, the skipped command lines) for launch scripts ``paths``;
     ``variables`` fill ``${NAME}`` placeholders the scripts leave open; ``migrate=False`` keeps
     flags older SGLang releases used (``epdctl validate`` then names each one's replacement)."""
-    commands = read_scripts(paths)
+    commands = read_sources(paths)
     for cmd in commands if variables else ():
         cmd.argv = substitute(cmd.argv, variables or {})
         cmd.env = dict(zip(cmd.env, substitute(list(cmd.env.values()), variables or {})))

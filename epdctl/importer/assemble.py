@@ -5,18 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from epdctl.importer.build import ANY, EMBEDDINGS, INT_KEYS, LOOPBACK, STR_KEYS, WIRING, Worker, is_ref, split_addr
+from epdctl.importer.containers import place_ref
 from epdctl.importer.launches import Launch
 from epdctl.importer.shell import ScriptError
-from epdctl.topology.engine_flags import flag_table
+from epdctl.engines import ENGINE_NAMES, engine_for
 from epdctl.topology.schema import DTYPES
 
-RENDERED = {"--enable-metrics"}  # epdctl renders these itself on non-encoders
-VLLM_RENDERED = {"--headless", "--kv-transfer-config", "--ec-transfer-config"}  # from roles and transfer
+RENDERED = {"--enable-metrics"}
+  # epdctl renders these itself on non-encoders
 
 
 class Assembler:
     def __init__(self, launches: list[Launch], name: str):
-        self.servers = [x for x in launches if x.kind in ("sglang", "vllm")]
+        self.servers = [x for x in launches if x.kind in ENGINE_NAMES]
         self.routers = [x for x in launches if x.kind == "router"]
         if not self.servers:
             raise ScriptError("no engine server command found (python -m sglang.launch_server, dynamo.sglang, "
@@ -59,10 +60,13 @@ class Assembler:
         if rank in w.synthesized:
             ref = "${" + f"{w.key}_node{rank}_host".upper() + "}"
             return ref, f"guess: the input has no node-rank {rank} command; put that node's address here"
-        if bind in LOOPBACK or bind.startswith("127."):
+        loopback = bind in LOOPBACK or bind.startswith("127.")
+        if loopback and s.cmd.place is None:
             return "127.0.0.1", "the command binds loopback: one machine"
-        if bind not in ANY and not is_ref(bind):
+        if not loopback and bind not in ANY and not is_ref(bind):
             return bind, "from --host"
+        if s.cmd.place is not None:  # its own pod, container or `# node N` block: its own machine
+            return place_ref(s.cmd.place), f"guess: the input runs this apart from the others ({s.cmd.place}); set that machine's address"
         if len(w.ranks) > 1:
             ref = "${" + f"{w.key}_node{rank}_host".upper() + "}"
             return ref, f"guess: the node-rank {rank} command does not say its address ({bind}); set it here"
@@ -133,9 +137,14 @@ class Assembler:
                 out["dist_init_port"] = int(p)
         args: list[str] = []
         enc_backend = s.get("--encoder-transfer-backend")
-        table = flag_table(self.engine)
+        eng = engine_for(self.engine)
+        table = eng.flags(None, s.module)
+        wrapped: list[str] = []
         for flag, vals in s.flags:
-            opt = table.resolve(flag) if self.engine == "sglang" else None  # vLLM flags are renamed above
+            owner = table.owner(flag)
+            if owner is not None:
+                wrapped.append(" ".join([flag, *vals]))
+            opt = None if eng.imports.common_names else table.resolve(flag)  # renamed flags are not the table's
             bad = [v for v in vals if opt is not None and opt.choices and v not in opt.choices and not is_ref(v)]
             if flag in INT_KEYS and len(vals) == 1 and vals[0].isdigit():
                 out[INT_KEYS[flag]] = int(vals[0])
@@ -149,9 +158,9 @@ class Assembler:
                 continue  # transfer.embeddings
             elif flag == "--mooncake-ib-device" and vals == [s.get("--disaggregation-ib-device")]:
                 continue  # rendered from the NICs
-            elif flag in RENDERED and w.role != "encoder" or flag in VLLM_RENDERED and self.engine == "vllm":
+            elif flag in RENDERED and w.role != "encoder" or flag in eng.imports.rendered:
                 continue
-            elif flag == "--disable-prefix-caching" and w.role == "encoder" and self.engine == "vllm":
+            elif flag in eng.imports.rendered_encoder and w.role == "encoder":
                 continue
             elif flag in ("--dtype",) and vals and vals[0] in DTYPES:
                 continue  # model.dtype
@@ -164,7 +173,7 @@ class Assembler:
                     f for f, k in INT_KEYS.items() if k not in ("tp", "pp", "dp", "attention_dp", "ep")) + tuple(
                     STR_KEYS):
                 args += [flag] + vals
-        if s.module not in ("sglang.launch_server",) and self.engine == "sglang":
+        if s.module not in ("sglang.launch_server",) and eng.takes_module:
             out["module"] = s.module
             self.c[f"{path}.module"] = f"the input runs python -m {s.module}"
         ib = s.get("--disaggregation-ib-device")
@@ -180,6 +189,10 @@ class Assembler:
                 nd["nics"] += [{"name": x, "kind": "ib"} for x in nics if x not in have]
         if args:
             out["args"] = args
+        if wrapped:
+            owner = table.owner(wrapped[0].split(" ")[0])
+            self.note(f"{path}.args", f"wrapper flags of {owner}, kept: {', '.join(wrapped)}")
+            self.notes.append(f"{s.cmd.where}: kept the wrapper flags of {owner} (not SGLang's): {', '.join(wrapped)}")
         per = _gpus(out)
         for n in names:
             if "base_gpu_id" in out:

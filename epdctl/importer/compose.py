@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from epdctl.engines import ENGINE_NAMES, engine_for
 from epdctl.importer.assemble import Assembler
 from epdctl.importer.build import EMBEDDINGS, LOOPBACK, Draft, Worker, check_single, group_workers, secret_env
+from epdctl.importer.containers import place_ref
 from epdctl.importer.launches import Launch
 from epdctl.importer.shell import ScriptError
 from epdctl.topology.schema import DTYPES
@@ -19,7 +21,11 @@ TRANSLATED = {"CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_
 def _env(s: Launch) -> dict[str, str]:
     """A command's env without what epdctl renders from keys (GPUs, vLLM's NIXL side channel, UCX NICs)."""
     return {k: v for k, v in {**s.cmd.exported, **s.cmd.env}.items()
-            if k not in TRANSLATED or (k == "UCX_NET_DEVICES" and s.kind != "vllm")}
+            if k not in TRANSLATED or (k == "UCX_NET_DEVICES" and not _ucx_nics(s))}
+
+
+def _ucx_nics(s: Launch) -> bool:
+    return s.kind in ENGINE_NAMES and engine_for(s.kind).imports.ucx_nics
 
 
 def rendered_env(a: Assembler, w: Worker, item: dict[str, Any], path: str) -> None:
@@ -35,7 +41,7 @@ def rendered_env(a: Assembler, w: Worker, item: dict[str, Any], path: str) -> No
         a.notes.append(f"{path}: CUDA_VISIBLE_DEVICES={next(iter(cvd)) if cvd else ''} does not list the worker's "
                        f"{per} GPU(s); set gpu_ids")
     for rank, e in enumerate(env):
-        ucx = e.get("UCX_NET_DEVICES") if w.lead.kind == "vllm" else None
+        ucx = e.get("UCX_NET_DEVICES") if _ucx_nics(w.lead) else None
         if ucx:
             node = a.nodes[(item.get("nodes") or [item["node"]])[rank]]
             have = {x["name"] for x in node.setdefault("nics", [])}
@@ -71,7 +77,7 @@ def env_layers(a: Assembler, workers: list[Worker], roles: dict[str, Any], data:
 def transfer(a: Assembler, workers: list[Worker]) -> dict[str, Any]:
     pd = [w.lead for w in workers if w.role in ("prefill", "decode")]
     out: dict[str, Any] = {}
-    if a.engine == "sglang":
+    if not engine_for(a.engine).imports.kv_connector:
         backends = {s.get("--disaggregation-transfer-backend") or "mooncake" for s in pd}
         backend = sorted(backends)[0] if backends else "zmq"
         if len(backends) > 1:
@@ -111,6 +117,10 @@ def router_section(a: Assembler, workers: list[Worker], roles: dict[str, Any]) -
     node = (first.get("nodes") or [first.get("node")])[0] or next(iter(a.nodes))
     out: dict[str, Any] = {"node": node, "implementation": r.router_impl}
     a.c["router.node"] = "guess: the input does not say where the router runs"
+    if r.cmd.place is not None and r.cmd.place not in {s.cmd.place for s in a.servers}:
+        out["node"] = a.node_for(place_ref(r.cmd.place), "router", f"guess: the input runs the router in "
+                                 f"{r.cmd.place}; set that machine's address")
+        a.c["router.node"] = f"the input runs the router in its own {r.cmd.place.split(' ')[0]}"
     if r.router_impl == "mini_lb" and r.module == "sglang.srt.disaggregation.mini_lb":
         a.c["router.implementation"] = ("SGLang's sglang.srt.disaggregation.mini_lb moved into sglang-router: "
                                         "rendered as python -m sglang_router.launch_router --mini-lb")
@@ -172,12 +182,14 @@ def draft(launches: list[Launch], name: str) -> Draft:
         items.append(a.worker(w, f"roles.{w.role}.workers[{len(items)}]"))
     data: dict[str, Any] = {"name": name, "engine": a.engine}
     hosts = [n["host"] for n in a.nodes.values()]
-    data["launcher"] = "local" if all(h in LOOPBACK for h in hosts) else "ssh"
-    if data["launcher"] == "ssh":
+    local = all(h in LOOPBACK for h in hosts)
+    data["launcher"] = "local" if local else "ssh"
+    if not local:
         a.c["launcher"] = "guess: the commands run on several machines; or slurm (add a slurm: section)"
     data["model"] = model
     env_layers(a, workers, roles, data)
     data["transfer"] = transfer(a, workers)
+    router = router_section(a, workers, roles)
     for i, (n, node) in enumerate(a.nodes.items()):
         node["gpus"] = a.node_gpus.get(n, 0)
         a.c.setdefault(f"nodes[{i}].gpus", "guess: the GPUs the imported commands use on this node")
@@ -187,7 +199,13 @@ def draft(launches: list[Launch], name: str) -> Draft:
             a.c[f"nodes[{i}].nics"] = "from --disaggregation-ib-device; guess: kind ib (say roce for RoCE)"
     data["nodes"] = list(a.nodes.values())
     data["roles"] = roles
-    router = router_section(a, workers, roles)
+    boxes = [s.container for s in a.servers]
+    if boxes and boxes[0] is not None and all(b == boxes[0] for b in boxes):  # one container for all
+        data["container"] = boxes[0]
+        a.c["container"] = "from the docker/podman run or srun --container-* options around the servers"
+    elif any(boxes):
+        a.notes.append("the servers run in different containers (or some bare): container: blocks per role or "
+                       "worker are not imported; add them by hand")
     if router:
         data["router"] = router
     lines: dict[str, list[str]] = {}

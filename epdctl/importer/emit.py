@@ -9,7 +9,7 @@ import yaml
 
 from epdctl.importer.build import Draft
 
-ORDER = ("name", "engine", "launcher", "model", "defaults", "transfer", "nodes", "roles", "router")
+ORDER = ("name", "engine", "launcher", "model", "defaults", "container", "transfer", "nodes", "roles", "router")
 
 
 def scalar(v: Any) -> str:

@@ -4,7 +4,10 @@ them (migrated to SGLang 0.5.23, abbreviations written in full)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from epdctl.engines import engine_for
+from epdctl.importer.container import container_of
 from epdctl.importer.shell import Command
 from epdctl.topology.engine_flags import FlagTable, flag_table
 from epdctl.topology.migrations import Applied, migrate_args
@@ -28,6 +31,7 @@ class Launch:
     module: str
     flags: list[tuple[str, list[str]]]
     applied: list[Applied] = field(default_factory=list)
+    container: dict[str, Any] | None = None  # the docker/podman run or pyxis srun around it
     router_impl: str | None = None
 
     def get(self, flag: str, default: str | None = None) -> str | None:
@@ -101,11 +105,13 @@ def classify(cmd: Command, migrate: bool = True) -> Launch | None:
         return Launch(cmd, "router", module, split_flags(rest, None), router_impl=impl)
     if module == "sglang.launch_server" or module.endswith(".sglang") or module == "sglang.srt.server":
         migrated, applied = migrate_args(rest, "sglang", apply_table=migrate)
-        return Launch(cmd, "sglang", module, split_flags(migrated, flag_table("sglang")), applied)
+        table = engine_for("sglang").flags(None, module)  # a wrapper's own flags are read as the wrapper reads them
+        return Launch(cmd, "sglang", module, split_flags(migrated, table), applied, container=container_of([*cmd.wrapper, *cmd.argv]))
     if module in ("vllm serve", "vllm.entrypoints.openai.api_server"):
         if module == "vllm serve" and rest and not rest[0].startswith("-"):
             rest = ["--model", rest[0]] + rest[1:]
-        return Launch(cmd, "vllm", module, vllm_common(split_flags(rest, flag_table("vllm"))))
+        return Launch(cmd, "vllm", module, vllm_common(split_flags(rest, flag_table("vllm"))),
+                      container=container_of([*cmd.wrapper, *cmd.argv]))
     return None
 
 

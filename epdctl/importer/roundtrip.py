@@ -17,7 +17,8 @@ from epdctl.importer.launches import split_flags, vllm_common
 from epdctl.errors import TopologyError
 from epdctl.render import build_plan
 from epdctl.topology import Topology, topology_from_text
-from epdctl.topology.engine_flags import FlagTable, flag_table
+from epdctl.engines import engine_of
+from epdctl.topology.engine_flags import FlagTable
 
 WIRING = ("--dist-init-addr", "--nnodes", "--node-rank")
 REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
@@ -75,7 +76,8 @@ def compare(d: Draft, text: str) -> list[CommandResult]:
     topo, _ = load(text)
     plan = build_plan(topo)
     specs = {s.name: s for s in plan.workers}
-    table = flag_table(topo.engine)
+    engine = engine_of(topo)
+    table = engine.flags()
     out: list[CommandResult] = []
     for name, launch in d.origin.items():
         spec = specs.get(name)
@@ -85,10 +87,10 @@ def compare(d: Draft, text: str) -> list[CommandResult]:
             res.missing = [f for f, _ in want]
             out.append(res)
             continue
-        skip = 3 if topo.engine == "sglang" else 2
+        skip = engine.command_prefix
         got: dict[str, list[str]] = {}
-        rendered = split_flags(list(spec.argv[skip:]), table)
-        if topo.engine == "vllm":
+        rendered = split_flags(list(spec.argv[skip:]), engine.flags(None, spec.argv[skip - 1]) if skip else table)
+        if engine.imports.common_names:
             rendered = vllm_common([("--model", [spec.argv[2]])] + rendered)
         for f, v in rendered:
             got.setdefault(f, []).extend(v)

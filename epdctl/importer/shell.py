@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from epdctl.errors import EpdctlError
+from epdctl.importer.containers import NODE_BLOCK, docker_run
 
 ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 PROMPT = re.compile(r"^\s*(\$|#|>)\s+(?=\S)")
@@ -37,6 +38,9 @@ class Command:
     comment: str | None = None  # the comment line right above it, e.g. "# prefill 0"
     exported: dict[str, str] = field(default_factory=dict)  # `export`s seen earlier in the file
     setup: list[str] = field(default_factory=list)  # `source venv/bin/activate`, `cd DIR` seen earlier
+    place: str | None = None  # what runs it apart from the other commands: "node 2", "container x", "pod p-0-1"
+    image: str | None = None  # the container image it runs in (docker run IMAGE, a pod's image)
+    wrapper: list[str] = field(default_factory=list)  # the `docker run OPTIONS IMAGE` around it
 
     @property
     def where(self) -> str:
@@ -92,6 +96,7 @@ def parse_script(text: str, source: str) -> list[Command]:
     shell_vars: dict[str, str] = {}
     setup: list[str] = []
     last_comment: str | None = None
+    place: str | None = None
     for lineno, line in _logical_lines(text):
         stripped = line.strip()
         m = PROMPT.match(stripped)
@@ -101,6 +106,9 @@ def parse_script(text: str, source: str) -> list[Command]:
             continue
         if stripped.startswith("#"):
             last_comment = stripped.lstrip("#").strip() or last_comment
+            block = NODE_BLOCK.match(last_comment or "")
+            if block:
+                place = f"node {block.group(1)}"  # "# node 2": what follows runs on another machine
             continue
         toks = _tokens(stripped, f"{source}:{lineno}")
         cut = next((i for i, t in enumerate(toks) if t in OPERATORS or set(t) <= set("|&;<>")), len(toks))
@@ -120,9 +128,16 @@ def parse_script(text: str, source: str) -> list[Command]:
             if a:
                 env[a.group(1)] = a.group(2)
         known = {**shell_vars, **exported}
+        run = docker_run(toks, f"{source}:{lineno}")
+        if run is not None:  # the server runs in its own container: its env is the container's
+            toks = run.argv
+            env.update(run.env)
         if toks:
             commands.append(Command(source, lineno, {k: expand(v, known) for k, v in env.items()},
-                                    [expand(x, known) for x in toks], last_comment, dict(exported), list(setup)))
+                                    [expand(x, known) for x in toks], last_comment, dict(exported), list(setup),
+                                    run.place if run is not None else place,
+                                    expand(run.image, known) if run is not None else None,
+                                    [expand(x, known) for x in run.wrapper] if run is not None else []))
         elif env:
             shell_vars.update({k: expand(v, known) for k, v in env.items()})  # NAME=value alone: a shell
             # variable for later lines, not exported to the servers' environment
@@ -130,16 +145,14 @@ def parse_script(text: str, source: str) -> list[Command]:
     return commands
 
 
-def read_scripts(paths: list[str]) -> list[Command]:
-    """Commands of every file, in the order given."""
-    out: list[Command] = []
-    for p in paths:
-        path = Path(p)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ScriptError(f"no such file: {p}") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ScriptError(f"cannot read {p} ({e}); pass shell scripts as UTF-8 text") from None
-        out.extend(parse_script(text, path.name))
-    return out
+def read_text(p: str) -> str:
+    try:
+        return Path(p).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScriptError(f"no such file: {p}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScriptError(f"cannot read {p} ({e}); pass shell scripts or manifests as UTF-8 text") from None
+
+
+def looks_like_manifest(text: str) -> bool:
+    return bool(re.search(r"^apiVersion:\s*\S", text, re.M)) and bool(re.search(r"^kind:\s*\S", text, re.M))

@@ -23,7 +23,7 @@ from pathlib import Path
 from epdctl.errors import EpdctlError
 from epdctl.init.inventory import Inventory
 from epdctl.launchers.ssh.config import parse_destination
-from epdctl.topology.checks import SGLANG_EPD_ARCHITECTURES
+from epdctl.engines import CPU_ENGINE, GPU_ENGINE, engine_for
 
 WEIGHT_SHARE = 0.6  # of one GPU's memory for a worker's share of the weights; the rest is KV cache
 
@@ -95,17 +95,19 @@ def _tp(nodes: list[NodeIn], model_path: str, given: int | None, why: list[str])
 def choose(nodes: list[NodeIn], model_path: str, arch: str | None, engine: str | None, tp: int | None) -> Choice:
     """The engine, worker size and role placement, with the reasons."""
     gpus = [len(n.inv.gpus) for n in nodes]
-    engine = engine or ("sglang" if all(gpus) else "embedded")
+    engine = engine or (GPU_ENGINE if all(gpus) else CPU_ENGINE)
     why = [f"engine {engine}: " + ("every node has GPUs" if all(gpus) else "a node without GPUs: the embedded CPU "
-                                   "runtime (pass --engine sglang to override)")]
-    vlm = engine == "embedded" or arch is None or arch in SGLANG_EPD_ARCHITECTURES
-    why.append("encoder role: " + ("yes, " + (f"{arch} supports SGLang EPD" if arch else "architecture unknown, "
+                                   f"runtime (pass --engine {GPU_ENGINE} to override)")]
+    eng = engine_for(engine)
+    supported = eng.epd_architectures
+    vlm = arch is None or supported is None or arch in supported
+    why.append("encoder role: " + ("yes, " + (f"{arch} supports {eng.label} EPD" if arch else "architecture unknown, "
                                                "assumed a VLM (pass --arch)") if vlm else
-                                   f"no, SGLang 0.5.23 cannot split the encoder off {arch}"))
+                                   f"no, {eng.label} {eng.version} cannot split the encoder off {arch}"))
     if len(set(gpus)) > 1:
         why.append(f"nodes differ in GPU count ({gpus}); sized by the smallest")
-    size = 1 if engine == "embedded" else _tp(nodes, model_path, tp, why)
-    per_node = 1 if engine == "embedded" else min(gpus)
+    size = _tp(nodes, model_path, tp, why) if eng.uses_gpus else 1
+    per_node = min(gpus) if eng.uses_gpus else 1
     c = Choice(engine, size, vlm, why=why)
     roles = (["encoder"] if vlm else []) + ["prefill", "decode"]
     if len(nodes) >= len(roles):
@@ -126,7 +128,7 @@ def _share(c: Choice, nodes: list[NodeIn], roles: list[str], per_node: int) -> N
     """Deal GPUs out in node order: one prefill and one decode first, then encoders (about a fifth),
     then prefill/decode alternately; GPUs too few for another TP group serve more encoders."""
     c.roles = {r: [] for r in roles}
-    if c.engine == "embedded":  # CPU processes: no GPU budget, one worker per role
+    if not engine_for(c.engine).uses_gpus:  # CPU processes: no GPU budget, one worker per role
         where = {"encoder": nodes[0], "prefill": nodes[0], "decode": nodes[-1]}
         c.roles = {r: [(where[r].name, 1)] for r in roles}
         c.why.append(f"{len(nodes)} node(s): one worker per role, roles share nodes (shared: true)")

@@ -18,21 +18,28 @@ from typing import Mapping, Sequence
 
 from epdctl.errors import EpdctlError
 from epdctl.launchers.ssh.fanout import fanout
-from epdctl.preflight import agent
+from epdctl.node import preflight_agent
 from epdctl.preflight.records import Facts
 from epdctl.preflight.runners import LocalRunner, NodeRunner, SSHRunner
 
 def _standalone_agent() -> str:
-    """The check agent as one self-contained script: its sysfs helper module (standard library
-    only) is inlined, so a node needs Python 3 but not epdctl."""
-    from epdctl.preflight import sysfs_rdma
-    src = Path(agent.__file__).read_text(encoding="utf-8")
-    helper = Path(sysfs_rdma.__file__).read_text(encoding="utf-8")
-    line = "from epdctl.preflight import sysfs_rdma"
-    inline = ("import sys as _sys, types as _types\n"
-              "sysfs_rdma = _types.ModuleType('sysfs_rdma'); _sys.modules['sysfs_rdma'] = sysfs_rdma\n"
-              f"exec(compile({helper!r}, 'sysfs_rdma.py', 'exec'), sysfs_rdma.__dict__)")
-    return "\n".join(inline if ln.startswith(line) else ln for ln in src.split("\n"))
+    """The check agent as one self-contained script: the epdctl.node modules it imports (standard
+    library only) are inlined, so a node needs Python 3 but not epdctl."""
+    out = []
+    for ln in Path(preflight_agent.__file__).read_text(encoding="utf-8").split("\n"):
+        m = re.match(r"from epdctl\.node(?:\.(\w+))? import ([\w, ]+)", ln)
+        if not m:
+            out.append(ln)
+            continue
+        names = [n.strip() for n in m.group(2).split("#")[0].split(",")]
+        for mod in [m.group(1)] if m.group(1) else names:
+            helper = (Path(preflight_agent.__file__).parent / f"{mod}.py").read_text(encoding="utf-8")
+            out.append("import sys as _sys, types as _types\n"
+                       f"{mod} = _types.ModuleType({mod!r}); _sys.modules[{mod!r}] = {mod}\n"
+                       f"exec(compile({helper!r}, '{mod}.py', 'exec'), {mod}.__dict__)")
+        if m.group(1):
+            out.append(f"from {m.group(1)} import {m.group(2)}")
+    return "\n".join(out)
 
 
 AGENT_SOURCE = _standalone_agent()

@@ -6,6 +6,8 @@ import json
 import time
 from typing import Sequence
 
+from epdctl.engines import Engine, engine_for
+from epdctl.launchers.kinds import launcher_kind
 from epdctl.init.compose import Choice, NodeIn, destination
 from epdctl.init.inventory import FoundNic
 
@@ -30,9 +32,9 @@ def _nic(n: FoundNic) -> str:
     return "      - {" + ", ".join(parts) + "}" + note
 
 
-def _transport(nodes: Sequence[NodeIn], engine: str) -> tuple[str, str]:
-    if engine == "embedded":
-        return "zmq", "embedded CPU runtime: ZMQ over TCP (mooncake also works where installed)"
+def _transport(nodes: Sequence[NodeIn], engine: Engine) -> tuple[str, str]:
+    if not engine.uses_gpus:
+        return "zmq", f"{engine.name} CPU runtime: ZMQ over TCP (mooncake also works where installed)"
     rdma = [n for n in nodes if n.inv.rdma]
     if len(rdma) == len(nodes):
         kinds = sorted({x.kind for n in nodes for x in n.inv.rdma})
@@ -48,7 +50,8 @@ def render(name: str, nodes: Sequence[NodeIn], c: Choice, *, model_path: str, ar
            python: str, setup: Sequence[str], how: str, schema_path: str, ssh_key: str | None = None,
            partition: str | None = None, missing: Sequence[str] = ()) -> str:
     """The whole file; ``how`` says how the nodes were reached (for the header)."""
-    backend, why_backend = _transport(nodes, c.engine)
+    engine, kind = engine_for(c.engine), launcher_kind(launcher)
+    backend, why_backend = _transport(nodes, engine)
     shared = {node for role in c.roles.values() for node, _ in role}
     roles_of = {n.name: {r for r, ws in c.roles.items() for node, _ in ws if node == n.name} for n in nodes}
     out = [f"# yaml-language-server: $schema={schema_path}",
@@ -67,9 +70,9 @@ def render(name: str, nodes: Sequence[NodeIn], c: Choice, *, model_path: str, ar
     out.append("nodes:")
     for n in nodes:
         host, user, port = destination(n.destination)
-        out += [f"  - name: {_q(n.name)}", f"    host: {_q(host if launcher != 'slurm' else n.name)}"]
+        out += [f"  - name: {_q(n.name)}", f"    host: {_q(n.name if kind.allocates_nodes else host)}"]
         ssh = {k: v for k, v in (("user", user), ("port", port), ("key", ssh_key)) if v is not None}
-        if ssh and launcher == "ssh":
+        if ssh and kind.ssh:
             out.append("    ssh: {" + ", ".join(f"{k}: {_q(v)}" for k, v in ssh.items()) + "}")
         gpus = n.inv.gpus
         desc = f"{len(gpus)} x {gpus[0].name}" + (f", {gpus[0].memory_mib} MiB" if gpus[0].memory_mib else "") \
@@ -90,13 +93,13 @@ def render(name: str, nodes: Sequence[NodeIn], c: Choice, *, model_path: str, ar
         if not workers:
             continue
         out.append(f"  {role}:")
-        if c.engine != "embedded" and role != "encoder" and c.tp > 1:
+        if engine.uses_gpus and role != "encoder" and c.tp > 1:
             out.append(f"    tp: {c.tp}")
         out.append("    workers:")
         out += [f"      - {{node: {_q(node)}}}" for node, _ in workers]
     router_node = c.roles["prefill"][0][0]
     out += ["router:", f"  node: {_q(router_node)}   # beside the first prefill worker"]
-    if launcher == "slurm":
+    if kind.allocates_nodes:
         out += ["slurm:", f"  partition: {_q(partition)}" if partition else "  # partition: set yours",
                 '  time: "01:00:00"   # the job\'s time limit: set what you need']
         if nodes and all(n.inv.gpus for n in nodes):

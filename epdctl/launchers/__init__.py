@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 _LAUNCHERS: dict[str, tuple[str, str]] = {
     "local": ("epdctl.launchers.local", "LocalLauncher"),
     "ssh": ("epdctl.launchers.ssh", "SSHLauncher"),
-    "slurm": ("epdctl.slurm.launcher", "SlurmLauncher"),
+    "slurm": ("epdctl.launchers.slurm.launcher", "SlurmLauncher"),
 }
 
 

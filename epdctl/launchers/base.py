@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from epdctl.errors import LaunchError
-from epdctl.state import Handle, ProcessRecord
+from epdctl.state.store import Handle, ProcessRecord
 
 if TYPE_CHECKING:
+    from epdctl.launchers.streams import NodeJobs
     from epdctl.preflight.runners import NodeRunner
 
 T = TypeVar("T")
@@ -40,11 +41,11 @@ BASE_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ
             "CUDA_HOME", "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS",
             "SSL_CERT_FILE", "SLURM_CONF")
 BASE_ENV_PREFIXES = ("EPDCTL_", "NCCL_", "MC_", "SGLANG_", "VLLM_")
-# Every process a launcher starts runs under the supervisor (launchers/supervise.py) and
+# Every process a launcher starts runs under the supervisor (node/supervise.py) and
 # carries these markers in its environment: its identity, which `down` verifies before it
 # signals anything and searches for when state.json is damaged or gone.
 MARKER_CLUSTER, MARKER_WORKER, MARKER_TOKEN = "EPDCTL_CLUSTER", "EPDCTL_WORKER", "EPDCTL_TOKEN"
-SUPERVISOR = ("-m", "epdctl.launchers.supervise", "--")
+SUPERVISOR = ("-m", "epdctl.node.supervise", "--")
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Status:
     tail: str = ""                       # last lines of the log of a dead process
     restarts: int = 0                    # times the supervisor restarted it
     last_exit: str | None = None         # why its last run ended ("killed by signal 9 ...")
+    peek: str | None = None              # last lines of a live process's log where only the
+                                         # node can read it (ssh); None: its ``log`` is here
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Holding:
     job: str
     state: str          # RUNNING, CANCELLED, TIMEOUT, NODE_FAIL, GONE (forgotten) ...
     detail: str = ""    # "" while it runs; else why it ended, what to change, who ended first
+    owned: bool = True  # epdctl submitted it (`down` cancels it); False: adopted ($SLURM_JOB_ID)
 
 
 @dataclass
@@ -103,6 +107,12 @@ class Launcher(Protocol):
         """How `check` and `up`'s preflight run the node agent on each of ``nodes``: the way
         this launcher reaches them (same interpreter; over SSH the same options and host-key
         policy, --accept-new-host-keys included). Connecting happens on first use, per node."""
+        ...
+
+    def node_jobs(self, nodes: Sequence[str]) -> Mapping[str, "NodeJobs"]:
+        """How a program that runs to completion reaches each of ``nodes`` where their workers
+        will run (staging weights): this machine, an SSH command over this launcher's
+        connections, a step inside the SLURM allocation (obtained now when there is none)."""
         ...
 
     def start(self, recs: Sequence[ProcessRecord]) -> Results[Handle]:
@@ -151,17 +161,10 @@ class Launcher(Protocol):
         ...
 
 
-def key_vars(argv: Sequence[str]) -> list[str]:
-    """The variables a process reads the cluster's API key from, by name: an embedded worker's
-    ``--api-key-env NAME``, the router wrapper's ``-m epdctl.router_exec NAME``."""
-    return [argv[i + 1] for i, a in enumerate(argv[:-1])
-            if a == "--api-key-env" or (a == "epdctl.router_exec" and i > 0 and argv[i - 1] == "-m")]
-
-
 def worker_env(spec_env: Mapping[str, str], where: str,
                source: Mapping[str, str] | None = None, keys: Sequence[str] = ()) -> dict[str, str]:
     """The environment a worker starts with: the documented base set from ``source`` (this
-    shell), the API key variables its command names (``keys``, see ``key_vars``) and the
+    shell), the API key variables it reads (``keys``: its record's ``key_vars``) and the
     topology's variables, ``${VAR}`` references resolved."""
     source = os.environ if source is None else source
     env = {k: v for k, v in source.items()

@@ -22,11 +22,13 @@ from typing import Any, Iterator, Mapping, Sequence
 import psutil
 
 from epdctl.errors import LaunchError
+from epdctl.launchers.streams import ProcessJobs
+from epdctl.launchers import containers
 from epdctl.launchers.base import (MARKER_CLUSTER, MARKER_TOKEN, MARKER_WORKER, SUPERVISOR,
-                                   Results, Status, cluster_id, expand_argv, follow_file, key_vars,
+                                   Results, Status, cluster_id, expand_argv, follow_file,
                                    new_token, read_pid_file, supervision_env, tail, worker_env)
 from epdctl.preflight.runners import LocalRunner
-from epdctl.state import Handle, ProcessRecord
+from epdctl.state.store import Handle, ProcessRecord
 
 logger = logging.getLogger(__name__)
 _PYTHONS = {"python", "python3", sys.executable}
@@ -123,6 +125,8 @@ class LocalLauncher:
             assert rec.handle is not None
             self._signal(rec.handle, signal.SIGKILL)
         still = self._wait_gone(live, 5.0)
+        res.failed.update({n: e for n, e in containers.remove([r for r in recs if r not in still]).items()
+                           if n not in res.failed})
         for rec in recs:
             if rec in still:
                 assert rec.handle is not None
@@ -142,6 +146,10 @@ class LocalLauncher:
     def place(self, text: str) -> str:
         return text
 
+    def node_jobs(self, nodes: Sequence[str]) -> Mapping[str, ProcessJobs]:
+        """Every node is this machine."""
+        return {n: ProcessJobs(n, self.python) for n in nodes}
+
     def node_runners(self, nodes: Sequence[str]) -> Mapping[str, LocalRunner]:
         """Every node is this machine."""
         return {n: LocalRunner(n, python=self.python) for n in nodes}
@@ -160,6 +168,7 @@ class LocalLauncher:
         cluster = self.cluster
         if not cluster:
             return []
+        labelled = containers.labelled(self.cluster_dir.name, "local") if self.cluster_dir is not None else []
         groups: dict[int, list[tuple[psutil.Process, float, dict[str, str]]]] = {}
         for p in psutil.process_iter(["create_time", "status"]):
             try:
@@ -179,7 +188,7 @@ class LocalLauncher:
             out.append(ProcessRecord(name=name, role="unknown", node="local", log=str(log),
                                      handle=Handle(pid=lead.pid, pgid=pgid, create_time=ct,
                                                    token=env[MARKER_TOKEN])))
-        return out
+        return out + labelled
 
     def pid_file(self, rec: ProcessRecord) -> Path:
         base = self.cluster_dir / "run" if self.cluster_dir is not None else Path(rec.log).parent
@@ -194,7 +203,7 @@ class LocalLauncher:
                               f"executable file")
         real_argv = [sys.executable, *SUPERVISOR, *expand_argv(argv, rec.name)]
         token = new_token()
-        env = worker_env(rec.env, rec.name, keys=key_vars(rec.argv))
+        env = worker_env(rec.env, rec.name, keys=rec.key_vars)
         pid_file = self.pid_file(rec)
         pid_file.parent.mkdir(parents=True, exist_ok=True)
         env.update(supervision_env(self.cluster, rec, token, str(pid_file)))

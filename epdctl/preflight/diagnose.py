@@ -27,6 +27,11 @@ _DEVINFO = re.compile(r"hca_id:|PORT_(?:ACTIVE|DOWN|INIT|ARMED)|phys_port_cnt|Fa
                       r"No IB devices found|Failed to get IB devices list|^\s*link_layer:\s",
                       re.M)
 _NVSMI_ERR = tuple(n for n, _, _ in gpu_text.FATAL)
+# a GPU row of the nvidia-smi table: "|   1  Tesla V100-PCIE...  On   | 00008ED0:00:00.0 Off |"
+_NVSMI_ROW = re.compile(r"^\|\s+\d+\s+.+?\s+(?:On|Off)\s+\|\s+[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d",
+                        re.M)
+# the ibstatus script when /sys/class/infiniband holds no device: its glob stays '*'
+_IBSTATUS_NONE = re.compile(r"Fatal error:\s+device '[^']*': sys files not found")
 
 
 def recognise(prep: Prepared) -> tuple[str, str] | None:
@@ -37,8 +42,8 @@ def recognise(prep: Prepared) -> tuple[str, str] | None:
         return "mooncake", ""
     if re.search(r"NVSMI LOG|Attached GPUs\s*:|^\s*Product Name\s*:|^\s*Remapped Rows\s*$", text, re.M):
         return "nvidia-smi", "q"
-    if "NVIDIA-SMI" in text and "Driver Version" in text:
-        return "nvidia-smi", "table"
+    if "NVIDIA-SMI" in text and "Driver Version" in text or _NVSMI_ROW.search(text):
+        return "nvidia-smi", "table"  # the whole table, or its GPU rows pasted without the header
     if re.search(r"^\s*GPU \d+: .+\(UUID: ", text, re.M):
         return "nvidia-smi", "list"
     if any(n in text for n in _NVSMI_ERR):
@@ -52,7 +57,7 @@ def recognise(prep: Prepared) -> tuple[str, str] | None:
         return "show_gids", ""
     if rdma_netdev.read_ibdev2netdev(text):
         return "ibdev2netdev", ""
-    if "Infiniband device '" in text:
+    if "Infiniband device '" in text or _IBSTATUS_NONE.search(text):
         return "ibstatus", ""
     if re.search(r"^\s*CA '[^']+'", text, re.M) or "ibpanic:" in text:
         return "ibstat", ""
@@ -119,7 +124,7 @@ def judge_text(raw: str) -> Judgement:
 
 def _merged(judged: list[Judgement]) -> Judgement:
     j = Judgement(" + ".join(dict.fromkeys(x.tool for x in judged)),
-                  {"commands": [{"tool": x.tool, "verdict": x.verdict, "facts": x.facts}
+                  {"commands": [{"tool": x.tool, "family": x.kind, "verdict": x.verdict, "facts": x.facts}
                                 for x in judged]})
     for x in judged:
         for f in x.findings:
@@ -158,11 +163,13 @@ def _dispatch(found: tuple[str, str], prep: Prepared) -> Judgement:
     tool, shape = found
     text = prep.text
     if tool == "mooncake":
+        if mooncake_log.is_bench(text, prep.commands) and "transfer_engine_bench" not in text:
+            text = "transfer_engine_bench\n" + text  # the command line named it
         return mooncake_log.judge_mooncake(text)
     if tool == "nvidia-smi":
         return gpu_text.judge_nvidia_smi(text, shape)
     if tool == "perftest":
-        return perftest_judge.judge_perftest(text)
+        return perftest_judge.judge_perftest(text, prep.commands)
     if tool == "show_gids":
         return rdma_netdev.judge_show_gids(rdma_netdev.read_show_gids(text), text)
     if tool == "ibdev2netdev":

@@ -29,9 +29,20 @@ class Finding:
 class Judgement:
     """One tool output judged. ``tool`` is ``unknown`` when the text could not be attributed."""
 
-    tool: str
+    tool: str  # the program as users name it: ib_write_bw, transfer_engine_bench, nvidia-smi -q, ibstatus
     facts: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    family: str = ""  # the reader that judged it, when it covers several programs: perftest, mooncake
+
+    @property
+    def kind(self) -> str:
+        """The family: perftest, mooncake, nvidia-smi, rdma, host (the tool itself where unknown)."""
+        if self.family:
+            return self.family
+        first = self.tool.split(" ")[0]
+        return {"ibv_devinfo": "rdma", "ibstat": "rdma", "ibstatus": "rdma", "ibv_devices": "rdma",
+                "rdma": "rdma", "show_gids": "rdma", "ibdev2netdev": "rdma", "lsmod": "host",
+                "ulimit": "host"}.get(first, first)
 
     @property
     def verdict(self) -> str:
@@ -43,7 +54,7 @@ class Judgement:
         self.findings.append(Finding(level, message, advice))
 
     def to_json(self) -> dict[str, Any]:
-        return {"tool": self.tool, "verdict": self.verdict, "facts": self.facts,
+        return {"tool": self.tool, "family": self.kind, "verdict": self.verdict, "facts": self.facts,
                 "findings": [f.to_json() for f in self.findings]}
 
 

@@ -22,7 +22,7 @@ from epdctl.preflight.runners import NodeRunner, Spawned
 
 log = logging.getLogger(__name__)
 
-AGENT = ("-m", "epdctl.preflight.agent")
+AGENT = ("-m", "epdctl.node.preflight_agent")
 DEFAULT_THRESHOLD = 0.8
 DEFAULT_AGENT_PORT = 36900
 _KIND_ORDER = ("embeddings", "kv", "pp")

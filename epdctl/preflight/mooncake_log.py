@@ -68,8 +68,23 @@ def is_mooncake_line(line: str) -> bool:
     return m is not None and any(f in m.group(3) for f in MOONCAKE_FILES)
 
 
-def judge_mooncake(text: str) -> Judgement:
-    j = Judgement("mooncake")
+# transfer_engine_bench.cpp: "Test completed: duration 10.01, batch count 4895, throughput 0.26 GB/s"
+# (older builds print the number without its unit; calculateRate's unit is GB/s)
+_RESULT = re.compile(r"Test completed: duration ([\d.]+)(?:us)?,.*?throughput ([\d.]+)\s*(GB/s|MB/s|Gbps|KB/s)?")
+_TO_GBPS = {"GB/s": 8.0, "MB/s": 8e-3, "KB/s": 8e-6, "Gbps": 1.0}
+# the slowest RDMA port epdctl's topologies declare (25 GbE RoCE); a bench below it is not an RDMA result
+MIN_RDMA_GBPS = 25.0
+
+
+def is_bench(text: str, commands: tuple[str, ...] = ()) -> bool:
+    return "transfer_engine_bench" in text or any("transfer_engine_bench" in c for c in commands)
+
+
+def judge_mooncake(text: str, line_rate_gbps: float | None = None) -> Judgement:
+    """``line_rate_gbps``: the rate of the NICs the topology will use (``epdctl check``); without
+    it a bench is judged against the slowest RDMA port a topology declares."""
+    bench = is_bench(text)
+    j = Judgement("transfer_engine_bench" if bench else "mooncake", family="mooncake")
     devices: dict[str, int] = {}
     tcp = False
     errors = 0
@@ -106,12 +121,16 @@ def judge_mooncake(text: str) -> Judgement:
                     seen.add(msg)
                     j.add(FAIL, f"{src}: {msg.strip()[:240]}",
                           "an engine error not known to epdctl: read the line above")
+    if re.search(r"--protocol[= ]tcp\b", text):
+        tcp = True
     j.facts.update(devices=devices, gid_index=sorted(set(devices.values())), tcp=tcp,
                    error_lines=errors)
+    if bench:
+        _judge_result(j, text, devices, tcp, line_rate_gbps)
     gids = set(devices.values())
     if len(gids) > 1:
         j.add(WARN, f"NICs use different GID indexes {sorted(gids)}", f"pin one with {GID_ENV}")
-    if tcp and not devices and not errors:
+    if tcp and not devices and not errors and "throughput_gbps" not in j.facts:
         j.add(WARN, "the engine runs over TCP: no RDMA device in use",
               "if RDMA was intended, set protocol rdma and the device list (or fix the RDMA "
               "errors); TCP moves KV/embeddings far slower")
@@ -119,3 +138,34 @@ def judge_mooncake(text: str) -> Judgement:
         j.add(PASS, f"engine started{': ' + ', '.join(sorted(devices)) if devices else ''}; "
                     f"no error in the text")
     return j
+
+
+def _judge_result(j: Judgement, text: str, devices: dict[str, int], tcp: bool,
+                  line_rate_gbps: float | None) -> None:
+    """A finished bench is a measurement: judge its rate against the line rate it should reach."""
+    m = None
+    for m in _RESULT.finditer(text):
+        pass
+    if m is None:
+        return
+    unit = m.group(3) or "GB/s"
+    gbps = float(m.group(2)) * _TO_GBPS[unit]
+    j.facts.update(throughput_gbps=round(gbps, 3), throughput=f"{m.group(2)} {unit}",
+                   unit_assumed=m.group(3) is None)
+    over = "TCP" if tcp or not devices else f"RDMA ({', '.join(sorted(devices))})"
+    want = line_rate_gbps or MIN_RDMA_GBPS
+    what = (f"the line rate of the NICs the topology uses ({want:g} Gb/s)" if line_rate_gbps
+            else f"the slowest RDMA port a topology declares ({want:g} Gb/s)")
+    frac = gbps / want
+    said = f"transfer_engine_bench moved {m.group(2)} {unit} = {gbps:.3g} Gb/s over {over}: {frac:.0%} of {what}"
+    if over == "TCP":
+        j.add(FAIL, said + "; a TCP run measures the fallback path, not the RDMA path KV transfer uses",
+              "run the bench with --protocol rdma --device_name <the topology's NICs> on both ends "
+              "(no RDMA device opened means the driver, /dev/infiniband or the device list is missing); "
+              "if TCP is intended, set transfer.rdma: off and expect this rate")
+    elif frac < 0.5:
+        j.add(FAIL, said, "below half the line rate: check the NICs' rates and PCIe/NUMA placement "
+                          "(ibstat, mlxlink), raise --threads/--batch_size/--block_size, and compare "
+                          "with ib_write_bw between the same NICs")
+    else:
+        j.add(PASS, said)

@@ -22,9 +22,15 @@ MIN_ACTIVE_MTU = 1024
 
 
 def rdma_ports(facts: Facts) -> tuple[dict[str, rdma_text.IbPort], str | None]:
-    """Ports by device name (first port of each), merging ``ibv_devinfo -v``, ``ibstat`` and the
+    """Ports by device name (port 1, else the device's first port): see :func:`rdma_port_map`."""
+    by_port, why = rdma_port_map(facts)
+    return {d: ports.get(1) or ports[min(ports)] for d, ports in by_port.items()}, why
+
+
+def rdma_port_map(facts: Facts) -> tuple[dict[str, dict[int, rdma_text.IbPort]], str | None]:
+    """Every port by device and port number, merging ``ibv_devinfo -v``, ``ibstat`` and the
     agent's sysfs rendering of ``ibstatus`` (present even where the tools are not installed)."""
-    merged: dict[str, rdma_text.IbPort] = {}
+    merged: dict[tuple[str, int], rdma_text.IbPort] = {}
     errors: list[str] = []
     seen_text = False
     for probe, reader in (("ibv_devinfo", rdma_text.read_ibv_devinfo),
@@ -39,23 +45,25 @@ def rdma_ports(facts: Facts) -> tuple[dict[str, rdma_text.IbPort], str | None]:
         for p in got.ports:
             if p.device == rdma_text.NO_DEVICE:
                 continue
-            old = merged.get(p.device)
-            merged[p.device] = p if old is None else (
-                rdma_text.merge(old, p) if old.port == p.port else old)
+            old = merged.get((p.device, p.port))
+            merged[(p.device, p.port)] = p if old is None else rdma_text.merge(old, p)
     if not seen_text:
         return {}, f"ibv_devinfo {facts.why_missing('ibv_devinfo')}"
     if not merged:
         odd = unrecognised(facts.text("ibv_devinfo"), ("ibv_devinfo",))
         said = "; ".join(dict.fromkeys(errors)) or odd or facts.why_missing("ibv_devinfo")
         return {}, f"the RDMA tools list no device ({said})"
-    return merged, None
+    out: dict[str, dict[int, rdma_text.IbPort]] = {}
+    for (dev, num), port in merged.items():
+        out.setdefault(dev, {})[num] = port
+    return out, None
 
 
 def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
     items: list[CheckItem] = []
     ifaces = _ifaces(facts)
     rdma = [n for n in expect.nics if n.kind in RDMA_KINDS]
-    ports, why = rdma_ports(facts) if rdma else ({}, None)
+    by_port, why = rdma_port_map(facts) if rdma else ({}, None)
     gid_rows = _gid_rows(facts) if rdma else []
     netdevs = rdma_netdev.read_ibdev2netdev(facts.text("ibdev2netdev") or "") if rdma else []
     for nic in expect.nics:
@@ -63,18 +71,31 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
         if nic.kind not in RDMA_KINDS:
             items.append(_check_eth(expect, nic, ifaces))
             continue
-        port = ports.get(nic.name)
+        dev_ports = by_port.get(nic.name, {})
+        want_port = nic.port or 1
+        port = dev_ports.get(want_port) if (nic.port or 1 in dev_ports) else (
+            dev_ports[min(dev_ports)] if dev_ports else None)
+        if port is None and dev_ports:  # the device is there, the port the topology uses is not
+            items.append(_item(expect, f"{tag} device", False,
+                               f"{nic.name} has no port {want_port} (ports: "
+                               f"{', '.join(map(str, sorted(dev_ports)))}); fix port: in the topology"))
+            continue
+        items += _port_siblings(expect, nic, port, dev_ports)
         items += _netdev_items(expect, nic, [n for n in netdevs if n.device == nic.name])
         rows = [r for r in gid_rows if r.device == nic.name]
         if port is None and (rows or any(n.device == nic.name for n in netdevs)):
-            items.append(leveled(expect, f"{tag} device", "warn",
+            down = [n for n in netdevs if n.device == nic.name and not n.up]
+            # the function the topology uses, unreadable and its netdev Down: it cannot carry traffic
+            items.append(leveled(expect, f"{tag} device", "fail" if down else "warn",
                                  f"{nic.name} is listed (GID table / netdev map) but its port "
-                                 f"state could not be read ({why or 'no port section'})"))
+                                 f"state could not be read ({why or 'no port section'})"
+                                 + (f"; its netdev {down[0].netdev}{' (a VF)' if down[0].vf else ''} "
+                                    f"is Down: the topology uses this function" if down else "")))
             if nic.kind == "roce" and rows:
                 items.append(_gid_from_table(expect, nic, rows))
             continue
         if port is None:
-            have = ", ".join(sorted(ports)) or "none"
+            have = ", ".join(sorted(by_port)) or "none"
             reason = why or f"RDMA devices present: {have}"
             items.append(_item(expect, f"{tag} device", False,
                                f"RDMA device {nic.name} not found ({reason}); fix the NIC name in "
@@ -106,8 +127,24 @@ def check_nics(expect: NodeExpect, facts: Facts) -> list[CheckItem]:
                 items.append(leveled(expect, f"{tag} {key}", level, f"{msg}; {advice}"))
         if nic.ip:
             items.append(_check_ip(expect, nic, ifaces))
-    items += _mixed_rates(expect, [ports[n.name] for n in rdma if n.name in ports])
+    used = [p for n in rdma for p in [by_port.get(n.name, {}).get(n.port or 1)] if p is not None]
+    items += _mixed_rates(expect, used)
     return items
+
+
+def _port_siblings(expect: NodeExpect, nic: NicExpect, port: rdma_text.IbPort | None,
+                   dev_ports: dict[int, rdma_text.IbPort]) -> list[CheckItem]:
+    """A multi-port HCA: the port the topology uses is judged (state item); a down port it does
+    not use is only named, so the operator knows which port carries the traffic."""
+    if port is None or len(dev_ports) < 2:
+        return []
+    down = [p for n, p in sorted(dev_ports.items()) if n != port.port and rdma_judge.port_problem(p)]
+    if not down:
+        return []
+    names = ", ".join(f"{p.port} ({p.state or '?'})" for p in down)
+    return [leveled(expect, f"nic {nic.name} other ports", "warn",
+                    f"port {port.port} is the one the topology uses; unused port(s) {names} not active "
+                    f"(fine unless a worker should use them: then set port: on the NIC)")]
 
 
 def _netdev_items(expect: NodeExpect, nic: NicExpect, links: list[rdma_netdev.NetdevLink]

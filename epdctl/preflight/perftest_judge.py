@@ -39,8 +39,26 @@ _ERRORS: tuple[tuple[str, str], ...] = (
 _UNIT = {"Gb/sec": 1.0, "MB/sec": 8e6 / 1e9, "MiB/sec": 8 * 1048576 / 1e9}
 
 
-def judge_perftest(text: str) -> Judgement:
-    j = Judgement("perftest")
+# the test banner perftest prints ("RDMA_Write Post List BW Test", "Send Lat Test") -> the program
+_BANNER = re.compile(r"\b(RDMA_Write|RDMA_Read|Send|Atomic)\b[\w ]*? (BW|Lat(?:ency)?) Test\b")
+_OPS = {"RDMA_Write": "write", "RDMA_Read": "read", "Send": "send", "Atomic": "atomic"}
+
+
+def program(text: str, commands: tuple[str, ...] = ()) -> str:
+    """ib_write_bw, ib_send_lat ... from the command line or the test banner; 'perftest' if neither says."""
+    for c in commands:
+        base = c.rsplit("/", 1)[-1]
+        if re.fullmatch(r"ib_\w+_(?:bw|lat)", base):
+            return base
+    b = _BANNER.search(text)
+    if b:
+        return f"ib_{_OPS[b.group(1)]}_{'bw' if b.group(2) == 'BW' else 'lat'}"
+    m = re.search(r"\b(ib_\w+_(?:bw|lat))\b", text)
+    return m.group(1) if m else "perftest"
+
+
+def judge_perftest(text: str, commands: tuple[str, ...] = ()) -> Judgement:
+    j = Judgement(program(text, commands), family="perftest")
     facts = j.facts
     unit = None
     rows: list[list[str]] = []

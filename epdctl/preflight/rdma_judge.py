@@ -112,6 +112,10 @@ def _error_advice(err: str) -> str:
                 "container, or a driver problem); the devices shown were judged")
     if "no userspace device-specific driver" in err or "couldn't load driver" in err:
         return "install the rdma-core provider for this NIC (libmlx5 / libirdma ...)"
+    if "sys files not found" in err:
+        return ("no RDMA device in sysfs (/sys/class/infiniband is empty or missing): load the "
+                "kernel driver (mlx5_ib, irdma) and check `dmesg` for firmware errors; in a container "
+                "mount /sys/class/infiniband and pass /dev/infiniband")
     if "No IB devices found" in err or "Function not implemented" in err:
         return ("no RDMA device is visible: load the kernel driver (mlx5_ib, irdma), and in a "
                 "container pass /dev/infiniband (--device=/dev/infiniband) or an RDMA device plugin")

@@ -215,6 +215,9 @@ def read_ibstatus(text: str) -> RdmaRead:
     cur: dict | None = None
     for raw in text.splitlines():
         line = raw.strip()
+        if re.match(r"Fatal error:\s+device '[^']*'", line):
+            out.errors.append(line)  # ibstatus found no device (or port) files in sysfs
+            continue
         m = re.match(r"Infiniband device '([^']+)' port (\d+) status:", line)
         if m:
             if cur:

@@ -17,6 +17,7 @@ class NicExpect:
     kind: str                 # ib | roce | eth
     ip: str | None = None
     speed_gbps: float | None = None
+    port: int | None = None   # the HCA port used (None: port 1, the engines' default)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,11 @@ from epdctl.launchers.ssh.fanout import fanout
 from epdctl.preflight import links as links_mod
 from epdctl.preflight import perftest_links, targets
 from epdctl.preflight.links import LinkResult
+from epdctl.preflight.engine_version import engine_items
 from epdctl.preflight.node_checks import CheckItem, Facts, check_node, check_versions
 from epdctl.preflight.runners import NodeRunner
+from epdctl.topology.model import Topology
+from epdctl.render.plan import Plan
 
 FACTS_TIMEOUT = 90.0
 log = logging.getLogger(__name__)
@@ -27,6 +30,7 @@ class CheckReport:
     links: list[LinkResult] = field(default_factory=list)
     links_checked: bool = False
     strict: bool = False            # a warning fails the check too
+    facts: list[Facts] = field(default_factory=list)  # what each reachable node reported
 
     def failed(self, i: CheckItem) -> bool:
         return not i.ok or (self.strict and i.status == "warn")
@@ -61,12 +65,12 @@ def collect_facts(runner: NodeRunner, model_path: str | None) -> Facts | CheckIt
     if res.rc != 0 or not isinstance(doc, dict) or "probes" not in doc:
         err = (res.stderr.strip().splitlines() or [res.stdout.strip() or "no output"])[-1]
         return CheckItem(runner.node, "agent", False,
-                         f"`{runner.python} -m epdctl.preflight.agent facts` failed (exit {res.rc}):"
+                         f"`{runner.python} -m epdctl.node.preflight_agent facts` failed (exit {res.rc}):"
                          f" {err}; is the same epdctl installed on the node?")
     return Facts(runner.node, doc["probes"], doc.get("versions", {}), doc.get("path_exists", {}))
 
 
-def run_check(topo: Any, runners: Mapping[str, NodeRunner], *, plan: Any = None,
+def run_check(topo: Topology, runners: Mapping[str, NodeRunner], *, plan: Plan | None = None,
               links: bool = False, threshold: float = links_mod.DEFAULT_THRESHOLD,
               seconds: float = 0.5, agent_port: int = links_mod.DEFAULT_AGENT_PORT,
               connect_timeout: float = 3.0, min_disk_gb: float = 1.0,
@@ -91,6 +95,8 @@ def run_check(topo: Any, runners: Mapping[str, NodeRunner], *, plan: Any = None,
                                           f"unexpected error judging this node ({type(e).__name__}:"
                                           f" {e}); the other nodes were judged"))
     report.items += check_versions(facts, targets.version_keys(topo))
+    report.items += engine_items(topo, {n: runners[n] for n in nodes if n in runners})
+    report.facts = facts
     if links:
         eps = {n: targets.endpoints(topo, n) for n in nodes}
         pairs = links_mod.link_pairs(targets.placements(topo, plan), eps)

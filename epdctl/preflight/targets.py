@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from epdctl.engines import engine_of
 from epdctl.preflight.links import Endpoint, Placement
 from epdctl.preflight.node_checks import RDMA_KINDS, NicExpect, NodeExpect
 from epdctl.preflight.runners import NodeRunner
-from epdctl.state import worker_of
+from epdctl.state.store import worker_of
+from epdctl.topology.model import Topology
+from epdctl.render.plan import Plan
 
 
 def _role(value: Any) -> str:
     return str(getattr(value, "value", value))
 
 
-def placements(topo: Any, plan: Any = None) -> list[Placement]:
+def placements(topo: Topology, plan: Plan | None = None) -> list[Placement]:
     """Every (worker, node rank) of the plan, or of the topology when no plan is given."""
     if plan is not None:
         return [Placement(worker_of(w.name), _role(w.role), w.node, int(w.node_rank or 0))
@@ -28,21 +31,20 @@ def placements(topo: Any, plan: Any = None) -> list[Placement]:
             for w in topo.workers for rank, node in enumerate(w.nodes)]
 
 
-def transport_of(topo: Any) -> str:
+def transport_of(topo: Topology) -> str:
     """The agent's transport: mooncake when KV or embeddings go over Mooncake, else ZMQ."""
     t = topo.transfer
     return "mooncake" if "mooncake" in (t.backend, t.embeddings) else "zmq"
 
 
-def version_keys(topo: Any) -> tuple[str, ...]:
+def version_keys(topo: Topology) -> tuple[str, ...]:
     """Packages whose versions must match on every node for this topology."""
-    engine = {"sglang": ("sglang",), "vllm": ("vllm",),
-              "embedded": ("torch", "transformers")}.get(topo.engine, ())
+    engine = engine_of(topo).package_keys
     transport = ("mooncake",) if transport_of(topo) == "mooncake" else ("pyzmq",)
     return ("python", "epdctl", *engine, *transport)
 
 
-def endpoints(topo: Any, node_name: str) -> list[Endpoint]:
+def endpoints(topo: Topology, node_name: str) -> list[Endpoint]:
     """The node's transfer endpoints: the transfer NICs that have an IP (RDMA NICs first when
     the backend is an RDMA engine), else the node's host address."""
     node = topo.node(node_name)
@@ -53,10 +55,10 @@ def endpoints(topo: Any, node_name: str) -> list[Endpoint]:
         nics = [n for n in nics if n.kind in RDMA_KINDS]
     if not nics:
         return [Endpoint(node.name, "host", "eth", node.host, None)]
-    return [Endpoint(node.name, n.name, n.kind, n.ip, n.speed_gbps) for n in nics]
+    return [Endpoint(node.name, n.name, n.kind, n.ip or node.host, n.speed_gbps) for n in nics]
 
 
-def _ports(topo: Any, plan: Any) -> dict[str, list[tuple[str, int]]]:
+def _ports(topo: Topology, plan: Plan | None) -> dict[str, list[tuple[str, int]]]:
     out: dict[str, list[tuple[str, int]]] = {}
     if plan is not None:
         for w in plan.workers:
@@ -70,12 +72,12 @@ def _ports(topo: Any, plan: Any) -> dict[str, list[tuple[str, int]]]:
                 if p:
                     out.setdefault(r.node, []).append((r.host, int(p)))
         return out
-    for w in topo.workers:
-        for rank, node in enumerate(w.nodes):
-            ports = (w.port, w.bootstrap_port, w.encoder_bootstrap_port) if rank == 0 else ()
-            for p in (*ports, w.dist_init_port if rank == 0 else None):
+    for tw in topo.workers:
+        for rank, node in enumerate(tw.nodes):
+            ports = (tw.port, tw.bootstrap_port, tw.encoder_bootstrap_port) if rank == 0 else ()
+            for p in (*ports, tw.dist_init_port if rank == 0 else None):
                 if p:
-                    out.setdefault(node, []).append((w.settings.host, int(p)))
+                    out.setdefault(node, []).append((tw.settings.host, int(p)))
     if topo.router is not None:
         for p in (topo.router.port, topo.router.prometheus_port):
             if p:
@@ -83,22 +85,22 @@ def _ports(topo: Any, plan: Any) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
-def used_nodes(topo: Any) -> list[str]:
+def used_nodes(topo: Topology) -> list[str]:
     names = {n for w in topo.workers for n in w.nodes}
     if topo.router is not None:
         names.add(topo.router.node)
     return [n.name for n in topo.nodes if n.name in names]
 
 
-def expectations(topo: Any, plan: Any = None, min_disk_gb: float = 1.0) -> dict[str, NodeExpect]:
+def expectations(topo: Topology, plan: Plan | None = None, min_disk_gb: float = 1.0) -> dict[str, NodeExpect]:
     ports = _ports(topo, plan)
+    uses_gpus = engine_of(topo).uses_gpus
     rdma_backend = topo.transfer.backend in ("mooncake", "nixl")
     out: dict[str, NodeExpect] = {}
     for name in used_nodes(topo):
         node = topo.node(name)
-        needed = 0 if topo.engine == "embedded" else sum(
-            w.gpus_per_node for w in topo.workers if name in w.nodes)
-        nics = tuple(NicExpect(n.name, n.kind, n.ip, n.speed_gbps) for n in node.nics)
+        needed = sum(w.gpus_per_node for w in topo.workers if name in w.nodes) if uses_gpus else 0
+        nics = tuple(NicExpect(n.name, n.kind, n.ip, n.speed_gbps, n.port) for n in node.nics)
         out[name] = NodeExpect(
             node=name, nics=nics, gpus=node.gpus or needed,
             model_path=topo.model.path if any(name in w.nodes for w in topo.workers) else None,
@@ -107,7 +109,7 @@ def expectations(topo: Any, plan: Any = None, min_disk_gb: float = 1.0) -> dict[
     return out
 
 
-def runners_for(topo: Any, launcher: Any = None) -> Mapping[str, NodeRunner]:
+def runners_for(topo: Topology, launcher: Any = None) -> Mapping[str, NodeRunner]:
     """How to reach every node the topology uses: the way ``launcher`` (default: the
     topology's own) reaches them; the launcher knows how (``Launcher.node_runners``)."""
     if launcher is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from epdctl.errors import StateError
 from epdctl.rebalance import history
 from epdctl.rebalance.plan import replay
-from epdctl.state import ClusterDir, ClusterState
+from epdctl.state.store import ClusterDir, ClusterState
 from epdctl.topology import load_topology
 from epdctl.topology.model import Topology
 

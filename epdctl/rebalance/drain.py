@@ -14,10 +14,11 @@ import os
 import time
 from typing import Any, Callable
 
-from epdctl import metrics
+from epdctl.engines import engine_for
+from epdctl.http import metrics
 from epdctl.errors import ProbeError
-from epdctl.probes import get_loads, http
-from epdctl.routerctl import RouterClient
+from epdctl.http.probes import get_loads, http
+from epdctl.http.routerctl import RouterClient
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,6 @@ def drain(role: str, url: str, *, engine: str, client: RouterClient | None,
     if client is not None:
         done["router"] = router_remove(client, url, timeout=timeout)
     wait_loads_idle(url, timeout)
-    if engine == "sglang":
+    if engine_for(engine).pauses_on_drain:
         done["paused"] = pause_generation(url, "abort")
     return done

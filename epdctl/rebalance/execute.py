@@ -12,7 +12,6 @@ start/stop so `status` and `down` always see the processes that really run.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import shlex
@@ -21,9 +20,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from epdctl.engines import engine_for
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers.base import Launcher
-from epdctl.launchers.lifecycle import BringUp
+from epdctl.orchestrate.lifecycle import BringUp
 from epdctl.rebalance import drain as dr
 from epdctl.rebalance import history, links
 from epdctl.rebalance import switch as sw
@@ -31,10 +31,10 @@ from epdctl.rebalance.plan import Move, RebalancePlan, apply_move
 from epdctl.rebalance.steps import MoveResult, Step, Timer, summary
 from epdctl.rebalance.targets import encoder_registries, extra_ports_free, worker_specs
 from epdctl.render import build_plan
-from epdctl.render.plan import Plan, WorkerSpec
+from epdctl.render.plan import Plan, ProcessSpec
 from epdctl.topology.restart import RestartPolicy
-from epdctl.routerctl import RouterClient
-from epdctl.state import ClusterDir, ClusterState, ProcessRecord
+from epdctl.http.routerctl import RouterClient
+from epdctl.state.store import ClusterDir, ClusterState, ProcessRecord
 from epdctl.topology.model import Topology
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 # Test-only fault injection: extra argv tokens appended to a worker started in its NEW role, so
 # the e2e test can make that start fail and exercise the rollback. Never set it in production.
 INJECT_ENV = "EPDCTL_REBALANCE_TEST_INJECT_ARGS"
-ROUTER_TYPES = {"prefill": "prefill", "decode": "decode"}
 
 
 @dataclass
@@ -110,9 +109,9 @@ class Executor:
     def _move(self, cur: Topology, res: MoveResult) -> Topology:
         m = res.move
         label = f"{m.worker} -> {m.new_name}"
-        plan_old = self._placed(build_plan(cur))
+        plan_old = build_plan(cur).placed(self.launcher.place)
         after = apply_move(cur, m)
-        plan_new = self._placed(build_plan(after))
+        plan_new = build_plan(after).placed(self.launcher.place)
         old = worker_specs(plan_old, m.worker)
         new = worker_specs(plan_new, m.new_name)
         regs = encoder_registries(plan_old, exclude=m.worker)
@@ -162,24 +161,23 @@ class Executor:
         self.on_step(Step(label, "done", sum(res.steps.values())))
         return after
 
-    def _in_place(self, m: Move, old: list[WorkerSpec], new: list[WorkerSpec], res: MoveResult,
+    def _in_place(self, m: Move, old: list[ProcessSpec], new: list[ProcessSpec], res: MoveResult,
                   timed: Timer) -> bool:
         """Switch the drained worker's role in its running process; False: restart it instead."""
         recs = self.state.ranks(m.worker)
-        if not recs or not sw.started_switchable(self.state.engine, recs[0].argv):
-            res.note = "its process was not started switchable (up again with rebalance.in_place)"
+        switch = engine_for(self.state.engine).switch
+        if not recs or switch is None or not recs[0].switchable:
+            res.note = ("its process was not started switchable (rebalance.in_place is false, or "
+                        "`up` ran before in place was the default: up again)")
             return False
         try:
             with timed("switch"):
-                if self.state.engine == "sglang":
-                    decodes = [p.url for p in self.state.processes
-                               if p.role == "decode" and p.is_leader and p.worker != m.worker]
-                    sw.switch_sglang(old[0].url, m.new_role, decode_urls=decodes,
-                                     api_key_env=self.state.api_key_env, timeout=self.opts.ready_timeout)
+                decodes = [p.url for p in self.state.processes
+                           if p.role == "decode" and p.is_leader and p.worker != m.worker]
+                sw.switch_role(switch.protocol, old[0].url, m.new_role, new[0].argv, decode_urls=decodes,
+                               api_key_env=self.state.api_key_env, timeout=self.opts.ready_timeout)
+                if switch.resumes_after:
                     dr.continue_generation(old[0].url)   # the drain paused it
-                else:
-                    sw.switch_embedded(old[0].url, new[0].argv, api_key_env=self.state.api_key_env,
-                                       timeout=self.opts.ready_timeout)
         except EpdctlError as e:
             res.note = f"in-place switch failed, restarting instead: {summary(e)}"
             self.on_step(Step(f"{m.worker} -> {m.new_name}", "fallback", detail=res.note))
@@ -187,7 +185,7 @@ class Executor:
         self._rerecord(recs, new)
         return True
 
-    def _rerecord(self, recs: list[ProcessRecord], new: list[WorkerSpec]) -> None:
+    def _rerecord(self, recs: list[ProcessRecord], new: list[ProcessSpec]) -> None:
         """The same processes, now recorded under their new role and command line."""
         for rec, spec in zip(recs, new):
             fresh = ProcessRecord.of(spec, self.state.engine, rec.log)
@@ -195,14 +193,14 @@ class Executor:
             self.state.processes[self.state.processes.index(rec)] = fresh
         self.cdir.save(self.state)
 
-    def _undo_drain(self, m: Move, spec: WorkerSpec, regs: list[str], undo: dict[str, Any]
+    def _undo_drain(self, m: Move, spec: ProcessSpec, regs: list[str], undo: dict[str, Any]
                     ) -> None:
         """The worker is still running in its old role: put it back into service."""
         if undo.get("paused"):
             dr.continue_generation(spec.url)
         self._register(m.old_role, spec, regs)
 
-    def _rollback(self, m: Move, new: list[WorkerSpec], old: list[WorkerSpec],
+    def _rollback(self, m: Move, new: list[ProcessSpec], old: list[ProcessSpec],
                   regs: list[str]) -> None:
         """Undo a failed start: stop the new role, start the old one, re-register it."""
         self._deregister(m.new_role, new[0], regs)
@@ -216,16 +214,6 @@ class Executor:
     def _bring_up(self) -> BringUp:
         return BringUp(self.launcher, self.cdir, self.state, timeout=self.opts.ready_timeout)
 
-    def _placed(self, plan: Plan) -> Plan:
-        """The plan with the addresses the launcher chose (SLURM: the allocated nodes')."""
-        place = self.launcher.place
-
-        def fix(w: Any) -> Any:
-            return dataclasses.replace(w, host=place(w.host), url=place(w.url),
-                                       argv=tuple(place(a) for a in w.argv))
-        return dataclasses.replace(plan, workers=[fix(w) for w in plan.workers],
-                                   router=fix(plan.router) if plan.router else None)
-
     def _stop(self, worker: str) -> None:
         recs = self.state.ranks(worker)
         if recs:
@@ -233,26 +221,27 @@ class Executor:
         self.state.processes = [p for p in self.state.processes if p not in recs]
         self.cdir.save(self.state)
 
-    def _start(self, specs: list[WorkerSpec], inject: list[str]) -> list[ProcessRecord]:
+    def _start(self, specs: list[ProcessSpec], inject: list[str]) -> list[ProcessRecord]:
         """Start every rank of one worker (``inject``: test-only extra argv)."""
         recs = [ProcessRecord.of(s, self.state.engine, self.cdir.log(s.name)) for s in specs]
         for r in recs:
             r.argv += inject
             r.restart = next((dict(p.restart) for p in self.state.processes
-                              if p.role == r.role and p.restart), RestartPolicy().to_dict())
+                              if p.role == r.role and p.restart),
+                             {**RestartPolicy().to_dict(), "standby": engine_for(self.state.engine).warm_standby})
         self._bring_up.start(recs)
         return recs
 
     # -- registration --------------------------------------------------------------------------
 
-    def _register(self, role: str, spec: WorkerSpec, regs: list[str]) -> None:
+    def _register(self, role: str, spec: ProcessSpec, regs: list[str]) -> None:
         if role == "encoder":
             dr.register_encoder(regs, spec.url, api_key_env=self.state.api_key_env)
             return
-        if self.client is None or role not in ROUTER_TYPES:
+        if self.client is None or spec.router_type is None:
             return
         if self.client.find(spec.url) is None:
-            wid = dr.router_add(self.client, spec.url, ROUTER_TYPES[role],
+            wid = dr.router_add(self.client, spec.url, spec.router_type,
                                 bootstrap_port=spec.bootstrap_port, model=self.opts.model,
                                 timeout=self.opts.drain_timeout)
             rec = self.state.find(spec.name)
@@ -260,7 +249,7 @@ class Executor:
                 rec.router_id = wid
                 self.cdir.save(self.state)
 
-    def _deregister(self, role: str, spec: WorkerSpec, regs: list[str]) -> None:
+    def _deregister(self, role: str, spec: ProcessSpec, regs: list[str]) -> None:
         try:
             if role == "encoder":
                 dr.unregister_encoder(regs, spec.url, self.state.api_key_env)
@@ -271,7 +260,7 @@ class Executor:
 
     # -- link verification ---------------------------------------------------------------------
 
-    def _verify(self, spec: WorkerSpec, role: str, plan: Plan) -> dict[str, Any]:
+    def _verify(self, spec: ProcessSpec, role: str, plan: Plan) -> dict[str, Any]:
         router = self.state.router
         return links.verify(spec, role, plan, router_url=router.url if router else None,
                             model=self.opts.model, api_key_env=self.state.api_key_env,

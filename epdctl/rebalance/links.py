@@ -16,8 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from epdctl.errors import ProbeError
-from epdctl.probes import http
+from epdctl.http.probes import http
 from epdctl.rebalance.drain import transfer_bytes
+from epdctl.render.plan import Plan
 
 
 def _request(seed: int, model: str | None, n_images: int = 3) -> tuple[dict[str, Any], int]:
@@ -69,7 +70,7 @@ def pd_pair(prefill: Any, decode: Any, model: str | None, seed: int = 0,
     return {"answer": _answer(rd.json(), n, decode.name), "pair": f"{prefill.name}->{decode.name}"}
 
 
-def verify(spec: Any, role: str, plan: Any, *, router_url: str | None, model: str | None,
+def verify(spec: Any, role: str, plan: Plan, *, router_url: str | None, model: str | None,
            api_key_env: str | None, attempts: int = 8) -> dict[str, Any]:
     """Bytes moved through ``spec`` in its new role; ProbeError when nothing moved."""
     start = transfer_bytes(spec.url, api_key_env)

@@ -23,7 +23,7 @@ are averaged over those, so a data-parallel worker reads as one worker.
 
 from __future__ import annotations
 
-import re
+from epdctl.http.metrics import labels, name_of
 
 ROLE_BUSY: dict[str, tuple[str, ...]] = {
     "encoder": ("epd_encoder_busy_seconds_total", "sglang:encoder_model_forward_seconds_sum"),
@@ -37,7 +37,6 @@ ROLE_QUEUE: dict[str, tuple[tuple[str, ...], ...]] = {
                ("sglang:num_queue_reqs", "sglang:num_decode_prealloc_queue_reqs")),
 }
 _SPLIT = {"category", "modality", "le", "mode", "priority"}  # split one scheduler's series
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def _per_scheduler(page: dict[str, float], name: str) -> float | None:
@@ -45,10 +44,10 @@ def _per_scheduler(page: dict[str, float], name: str) -> float | None:
     over schedulers; None when the page has no such series."""
     groups: dict[tuple[tuple[str, str], ...], float] = {}
     for series, value in page.items():
-        base, _, labels = series.partition("{")
-        if base != name or 'category="idle"' in labels:  # DP-attention filler passes: no own work
+        found = labels(series)
+        if name_of(series) != name or found.get("category") == "idle":  # DP-attention filler passes: no own work
             continue
-        key = tuple(sorted((k, v) for k, v in _LABEL.findall(labels) if k not in _SPLIT))
+        key = tuple(sorted((k, v) for k, v in found.items() if k not in _SPLIT))
         groups[key] = groups.get(key, 0.0) + value
     return sum(groups.values()) / len(groups) if groups else None
 

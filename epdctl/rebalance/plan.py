@@ -14,11 +14,11 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from epdctl.engines import engine_of
 from epdctl.errors import RenderError, TopologyError
 from epdctl.render import build_plan
 from epdctl.render.plan import Plan
 from epdctl.topology.checks import run_checks
-from epdctl.topology.inplace import move_path, switchable
 from epdctl.topology.model import Role, Topology, Worker
 from epdctl.topology.ports import plan_ports
 
@@ -123,13 +123,15 @@ def _moved_worker(topo: Topology, src: Worker, role: Role) -> Worker:
         raise RebalanceError(
             f"{src.name} spans {len(src.nodes)} node(s) but a {role.value} worker needs "
             f"{len(tpl.nodes)}: multi-node workers move as a unit; pick another source role")
-    if topo.engine != "embedded" and tpl.gpus_per_node > src.gpus_per_node:
+    engine = engine_of(topo)
+    if engine.uses_gpus and tpl.gpus_per_node > src.gpus_per_node:
         raise RebalanceError(
             f"{src.name} has {src.gpus_per_node} GPU(s) per node but a {role.value} worker needs "
             f"{tpl.gpus_per_node}: it does not fit")
     index = max((w.index for w in topo.role_workers(role)), default=-1) + 1
     # an SGLang role-switch instance keeps its bootstrap server (and port) in both roles
-    keep = src.bootstrap_port if topo.engine == "sglang" and switchable(topo, src) else None
+    keeps = engine.switch is not None and engine.switch.keeps_bootstrap and engine.switchable(topo, src)
+    keep = src.bootstrap_port if keeps else None
     return Worker(role=role, index=index, nodes=src.nodes, settings=tpl.settings,
                   path=f"roles.{role.value} (rebalanced from {src.name})",
                   base_gpu_ids=src.base_gpu_ids, gpu_ids=src.gpu_ids, port=src.port, bootstrap_port=keep,
@@ -231,7 +233,7 @@ def _one_move(topo: Topology, src_role: Role, target: Role) -> tuple[Move, Topol
             continue
         spec = next(w for w in plan.workers if w.name == new.name)
         moved = next(w for w in after.workers if w.name == new.name)
-        path, why = move_path(topo, src, target)
+        path, why = engine_of(topo).move_path(topo, src, target)
         return Move(worker=src.name, old_role=src_role.value, new_role=target.value,
                     new_name=new.name, nodes=src.nodes, port=spec.port,
                     bootstrap_port=spec.bootstrap_port,

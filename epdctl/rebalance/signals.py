@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from epdctl import metrics
-from epdctl.probes import get_loads
+from epdctl.http import metrics
+from epdctl.http.probes import get_loads
 from epdctl.rebalance.auto import ROLES, Sample
 from epdctl.rebalance.own_work import busy_seconds, own_queue
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from epdctl.errors import ProbeError
-from epdctl.probes import http
+from epdctl.http.probes import http
 
-FLAGS = {"embedded": "--switchable", "sglang": "--enable-pd-role-switch"}
 
 
 class SwitchError(ProbeError):
@@ -38,12 +37,6 @@ class Switched:
     old_role: str
     new_role: str
     seconds: float
-
-
-def started_switchable(engine: str, argv: list[str] | tuple[str, ...]) -> bool:
-    """Was this process started able to switch in place (its recorded command line)?"""
-    flag = FLAGS.get(engine)
-    return flag is not None and flag in argv
 
 
 def runtime_argv(argv: list[str] | tuple[str, ...]) -> list[str]:
@@ -108,3 +101,13 @@ def switch_sglang(url: str, new_role: str, *, decode_urls: list[str], api_key_en
     r = http("POST", url.rstrip("/") + path, body, timeout=timeout, headers=_headers(api_key_env))
     doc = _answer(url, path, r)
     return Switched(str(doc.get("old_role", "")), str(doc.get("new_role", new_role)), r.seconds)
+
+
+def switch_role(protocol: str, url: str, new_role: str, new_argv: list[str] | tuple[str, ...], *,
+                decode_urls: list[str], api_key_env: str | None = None, timeout: float = 600.0) -> Switched:
+    """Switch a drained worker in place over the engine's ``protocol`` (``RoleSwitch.protocol``)."""
+    if protocol == "pd_role_switch":
+        return switch_sglang(url, new_role, decode_urls=decode_urls, api_key_env=api_key_env, timeout=timeout)
+    if protocol == "admin_switch_role":
+        return switch_embedded(url, new_argv, api_key_env=api_key_env, timeout=timeout)
+    raise SwitchError(f"{url}: no in-place switch over {protocol!r}", restorable=True)

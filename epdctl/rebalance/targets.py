@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 from epdctl.errors import LaunchError
 from epdctl.rebalance.plan import RebalancePlan
-from epdctl.render.plan import Plan, WorkerSpec
-from epdctl.state import worker_of
+from epdctl.render.plan import Plan, ProcessSpec
+from epdctl.state.store import worker_of
 
 
 def extra_ports_free(rp: RebalancePlan) -> None:
@@ -34,7 +34,7 @@ def extra_ports_free(rp: RebalancePlan) -> None:
                           "or change ports.base in the topology, then plan again")
 
 
-def worker_specs(plan: Plan, worker: str) -> list[WorkerSpec]:
+def worker_specs(plan: Plan, worker: str) -> list[ProcessSpec]:
     specs = [w for w in plan.workers if worker_of(w.name) == worker]
     if not specs:
         raise LaunchError(f"worker {worker} is not in the rendered plan")

@@ -3,7 +3,6 @@ or JSON (the plan as data)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shlex
@@ -12,7 +11,7 @@ from importlib import resources
 
 import jinja2
 
-from epdctl.render.plan import Plan
+from epdctl.render.plan import Plan, ProcessSpec
 
 _REF = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
 
@@ -61,7 +60,9 @@ def _environment() -> jinja2.Environment:
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters["q"] = shell_quote
     env.filters["c"] = comment_safe
-    env.filters["command"] = lambda spec: _command(spec.argv, spec.env)
+    # a container step (pyxis, SLURM OCI) is the srun that puts the command into its container
+    env.filters["command"] = lambda spec: _command(
+        ("srun", *spec.step_options, *spec.argv) if spec.step_options else spec.argv, spec.env)
     return env
 
 
@@ -84,10 +85,32 @@ def to_shell(plan: Plan, node: str | None = None) -> str:
 
 def plan_dict(plan: Plan, node: str | None = None) -> dict[str, object]:
     """The plan as JSON-ready data (optionally one node's part)."""
-    workers = [dataclasses.asdict(w) for w in plan.workers if node is None or w.node == node]
-    router = dataclasses.asdict(plan.router) if plan.router and (node is None or plan.router.node == node) else None
+    workers = [_worker_dict(w) for w in plan.workers if node is None or w.node == node]
+    router = _router_dict(plan.router) if plan.router and (node is None or plan.router.node == node) else None
     setup = {k: list(v) for k, v in plan.setup.items() if node is None or k == node}
     return {"name": plan.name, "engine": plan.engine, "workers": workers, "router": router, "setup": setup}
+
+
+def _worker_dict(w: ProcessSpec) -> dict[str, object]:
+    return {**_container_dict(w), "name": w.name, "role": w.role.value, "node": w.node, "host": w.host, "port": w.port,
+            "bootstrap_port": w.bootstrap_port, "encoder_bootstrap_port": w.encoder_bootstrap_port,
+            "node_rank": w.node_rank, "nnodes": w.nnodes, "argv": list(w.argv), "env": dict(w.env), "url": w.url,
+            "health_path": w.health_path, "is_leader": w.is_leader, "gpus": list(w.gpus)}
+
+
+def _container_dict(w: ProcessSpec) -> dict[str, object]:
+    """The container a worker runs in (absent for a bare worker)."""
+    if w.container is None:
+        return {}
+    out: dict[str, object] = {"container": {"runtime": w.container.runtime, "image": w.container.image,
+                                            "name": w.container_name}}
+    return {**out, "step_options": list(w.step_options)} if w.step_options else out
+
+
+def _router_dict(r: ProcessSpec) -> dict[str, object]:
+    return {"node": r.node, "host": r.host, "port": r.port, "prometheus_port": r.prometheus_port,
+            "argv": list(r.argv), "env": dict(r.env), "url": r.url, "api_key_env": r.api_key_env,
+            "health_path": r.health_path}
 
 
 def to_json(plan: Plan, node: str | None = None) -> str:

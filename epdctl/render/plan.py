@@ -7,64 +7,106 @@ as ``"${NAME}"``, and no secret value ever enters a plan.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, TypeVar
 
+from epdctl.containers.wrap import wrapped
 from epdctl.errors import RenderError
-from epdctl.render.context import WorkerContext
-from epdctl.render.engines import ENGINES
-from epdctl.render.router import router_argv
-from epdctl.topology.model import Role, Topology, Worker
+from epdctl.engines import Engine, engine_of
+from epdctl.engines.context import WorkerContext
+from epdctl.render.router import registers_workers, router_argv
+from epdctl.topology.model import Container, Role, Topology, Worker
 from epdctl.topology.ports import plan_ports
 
 
+# how the router lists a routed worker (``POST /workers`` worker_type); encoders are not routed
+ROUTER_TYPES: dict[Role, str] = {Role.PREFILL: "prefill", Role.DECODE: "decode", Role.COLOCATED: "regular"}
+
+
 @dataclass(frozen=True)
-class WorkerSpec:
-    """One process on one node (a multi-node worker has one spec per node rank)."""
+class ProcessSpec:
+    """One process as render plans it: a worker on one node (a multi-node worker has one per
+    node rank) or the router. Everything a launcher, `status`, `rebalance` or a canary needs to
+    know about it is a field here; nobody reads it back out of ``argv``."""
 
     name: str
-    role: str
+    role: Role
     node: str
-    host: str
-    port: int
-    bootstrap_port: int | None
-    encoder_bootstrap_port: int | None
-    node_rank: int
-    nnodes: int
+    host: str  # the address it binds
+    url: str  # the address others reach it at
+    ports: dict[str, int]  # every port it listens on, by name: http, bootstrap, dist_init, prometheus, ...
     argv: tuple[str, ...]
     env: dict[str, str]
-    url: str
-    health_path: str = "/health"
+    worker: str = ""  # the logical worker (every rank of prefill-0 is prefill-0); the router: router
+    setup: tuple[str, ...] = ()  # the node's setup lines, run before the command
+    node_rank: int = 0
+    nnodes: int = 1
     is_leader: bool = True
-    gpus: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class RouterSpec:
-    """The router process (smg or sglang-router)."""
-
-    node: str
-    host: str
-    port: int
-    prometheus_port: int
-    argv: tuple[str, ...]
-    env: dict[str, str]
-    url: str
-    api_key_env: str | None = None
     health_path: str = "/health"
+    ready_path: str | None = None  # also answered 200 before `up` counts it ready (vLLM: /v1/models)
+    gpus: tuple[int, ...] = ()
+    switchable: bool = False  # started able to change role in place (Engine.switch)
+    router_type: str | None = None  # how the router lists it; None: not routed (encoders, ranks > 0)
+    registers_workers: bool = False  # the router: epdctl adds its workers through its API
+    key_vars: tuple[str, ...] = ()  # variables it reads the cluster's API key from (by name)
+    prometheus_host: str | None = None  # the router's metrics address
+    api_key_env: str | None = None  # the router: the variable holding the cluster's API key
+    container: Container | None = None  # argv runs this container (defaults filled in: containers/wrap.py)
+    container_name: str = ""  # epdctl-<cluster>-<process>; `down` removes it by this name
+    step_options: tuple[str, ...] = ()  # srun options putting the step in its container (pyxis, slurm-oci)
+
+    @property
+    def port(self) -> int:
+        return self.ports["http"]
+
+    @property
+    def bootstrap_port(self) -> int | None:
+        return self.ports.get("bootstrap")
+
+    @property
+    def encoder_bootstrap_port(self) -> int | None:
+        return self.ports.get("encoder_bootstrap")
+
+    @property
+    def prometheus_port(self) -> int | None:
+        return self.ports.get("prometheus")
+
+
+P = TypeVar("P")
+
+
+def placed_plan(plan: P, place: Callable[[str], str]) -> P:
+    """``plan`` at the addresses a launcher chose: the one place addresses are rewritten (for
+    `up`, before the records are made; for `rebalance`, for every plan it starts from)."""
+    router = getattr(plan, "router")
+    return dataclasses.replace(plan, workers=[placed(w, place) for w in getattr(plan, "workers")],  # type: ignore[type-var]
+                               router=placed(router, place) if router is not None else None)
+
+
+def placed(spec: ProcessSpec, place: Callable[[str], str]) -> ProcessSpec:
+    """``spec`` at the addresses a launcher chose (``Launcher.place``; SLURM: the allocated nodes')."""
+    return dataclasses.replace(spec, host=place(spec.host), url=place(spec.url),
+                               argv=tuple(place(a) for a in spec.argv),
+                               env={k: place(v) for k, v in spec.env.items()},
+                               prometheus_host=place(spec.prometheus_host) if spec.prometheus_host else None)
 
 
 @dataclass(frozen=True)
 class Plan:
     name: str
     engine: str
-    workers: list[WorkerSpec] = field(default_factory=list)
-    router: RouterSpec | None = None
+    workers: list[ProcessSpec] = field(default_factory=list)
+    router: ProcessSpec | None = None
     setup: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> setup lines
     restart: dict[str, dict[str, Any]] = field(default_factory=dict)  # role -> restart policy
+    stores: dict[str, tuple[str, ...]] = field(default_factory=dict)  # node -> transfer store directories
 
-    def for_node(self, node: str) -> list[WorkerSpec]:
+    def for_node(self, node: str) -> list[ProcessSpec]:
         return [w for w in self.workers if w.node == node]
+
+    def placed(self, place: Callable[[str], str]) -> "Plan":
+        return placed_plan(self, place)
 
     @property
     def nodes(self) -> list[str]:
@@ -89,15 +131,13 @@ def build_plan(topo: Topology) -> Plan:
     ports = plan_ports(topo)
     if ports.problems:
         raise RenderError("; ".join(f"{p}: {m}" for p, m in ports.problems))
-    engine = ENGINES.get(topo.engine)
-    if engine is None:
-        raise RenderError(f"unknown engine {topo.engine!r}")
+    engine = engine_of(topo)
     leaders: dict[str, tuple[str, dict[str, int]]] = {}
     for w in topo.workers:
         leaders[w.name] = (advertised(topo, w.settings.host, w.nodes[0]), ports.workers[(w.name, 0)])
     encoder_urls = [f"http://{h}:{p['http']}" for w in topo.role_workers(Role.ENCODER)
                     for h, p in [leaders[w.name]]]
-    specs: list[WorkerSpec] = []
+    specs: list[ProcessSpec] = []
     for w in topo.workers:
         for rank, node in enumerate(w.nodes):
             ctx = WorkerContext(topo=topo, worker=w, rank=rank, node=topo.node(node),
@@ -106,7 +146,7 @@ def build_plan(topo: Topology) -> Plan:
                                 leader_host=topo.node(w.nodes[0]).host)
             argv, env = engine.worker_command(ctx)
             # most specific wins: defaults < role < node < the worker's own env < what the engine adds
-            specs.append(_spec(topo, w, rank, node, ctx, argv,
+            specs.append(_spec(topo, engine, w, rank, node, ctx, argv,
                                {**w.settings.env, **topo.node(node).env, **w.own_env, **env}))
     router = None
     if topo.router is not None:
@@ -115,29 +155,44 @@ def build_plan(topo: Topology) -> Plan:
         prom_host = bind_host(topo, r.prometheus_host, r.node) if r.prometheus_host else host
         argv = router_argv(topo, specs, host, ports.router["http"], prom_host, ports.router["prometheus"])
         url_host = advertised(topo, r.host, r.node)
-        router = RouterSpec(node=r.node, host=host, port=ports.router["http"],
-                            prometheus_port=ports.router["prometheus"], argv=argv, env=dict(topo.node(r.node).env),
-                            url=f"http://{_bracket(url_host)}:{ports.router['http']}", api_key_env=r.api_key_env)
+        router = ProcessSpec(name="router", role=Role.ROUTER, node=r.node, host=host,
+                             url=f"http://{_bracket(url_host)}:{ports.router['http']}",
+                             ports={"http": ports.router["http"], "prometheus": ports.router["prometheus"]},
+                             argv=argv, env=dict(topo.node(r.node).env), worker="router",
+                             setup=topo.node(r.node).setup, registers_workers=registers_workers(argv),
+                             key_vars=(r.api_key_env,) if r.api_key_env else (), prometheus_host=prom_host,
+                             api_key_env=r.api_key_env)
     setup = {n.name: n.setup for n in topo.nodes if n.setup}
+    dirs = engine.store_dirs(topo)
+    stores = {n: dirs for n in dict.fromkeys(n for w in topo.workers for n in w.nodes)} if dirs else {}
     return Plan(name=topo.name, engine=topo.engine, workers=specs, router=router, setup=setup,
-                restart={role: p.to_dict() for role, p in topo.restart.items()})
+                restart={role: {**p.to_dict(), "standby": p.standby and engine.warm_standby and role != "router"}
+                         for role, p in topo.restart.items()}, stores=stores)
 
 
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _spec(topo: Topology, w: Worker, rank: int, node: str, ctx: WorkerContext, argv: tuple[str, ...],
-          env: dict[str, str]) -> WorkerSpec:
+def _spec(topo: Topology, engine: Engine, w: Worker, rank: int, node: str, ctx: WorkerContext,
+          argv: tuple[str, ...], env: dict[str, str]) -> ProcessSpec:
     p = ctx.ports
-    host = ctx.bind
     url_host = advertised(topo, w.settings.host, node)
-    per = w.gpus_per_node if topo.engine != "embedded" else 0
+    per = w.gpus_per_node if engine.uses_gpus else 0
     gpus = tuple(range(w.base_gpu_ids[rank], w.base_gpu_ids[rank] + per)) if per else ()
     if w.gpu_ids:
         gpus = w.gpu_ids
-    return WorkerSpec(name=w.name if rank == 0 else f"{w.name}.r{rank}", role=w.role.value, node=node, host=host,
-                      port=p["http"], bootstrap_port=p.get("bootstrap"),
-                      encoder_bootstrap_port=p.get("encoder_bootstrap"), node_rank=rank, nnodes=len(w.nodes),
-                      argv=argv, env=env, url=f"http://{_bracket(url_host)}:{p['http']}", is_leader=rank == 0,
-                      gpus=gpus)
+    key = topo.router.api_key_env if topo.router is not None and engine.reads_api_key else None
+    name = w.name if rank == 0 else f"{w.name}.r{rank}"
+    container: Container | None = None
+    cname, steps = "", tuple[str, ...]()
+    if w.settings.container is not None:
+        container, cname, argv, steps = wrapped(topo, w, node, name, argv, (*env, *((key,) if key else ())), gpus)
+    return ProcessSpec(name=name, role=w.role, node=node, host=ctx.bind,
+                       url=f"http://{_bracket(url_host)}:{p['http']}", ports=dict(p), argv=argv, env=env,
+                       worker=w.name, setup=topo.node(node).setup, node_rank=rank, nnodes=len(w.nodes),
+                       is_leader=rank == 0, gpus=gpus, switchable=engine.switchable(topo, w),
+                       router_type=ROUTER_TYPES.get(w.role) if rank == 0 else None,
+                       ready_path=engine.ready_path if rank == 0 else None,
+                       key_vars=(key,) if key else (), container=container, container_name=cname,
+                       step_options=steps)

@@ -4,7 +4,7 @@ Only rank-0 (leader) workers are registered; encoders never are (the prefill cal
 This is exactly what runs (`epdctl render` shows it): fast health checks (a dead worker out of
 rotation in seconds, a late one registered within a second of being healthy, since `up` starts
 the router together with its workers) unless ``router.args`` chose other values, and with an
-API key the command starts the router through ``python -m epdctl.router_exec VAR MODULE ...``,
+API key the command starts the router through ``python -m epdctl.node.router_exec VAR MODULE ...``,
 which reads the key from the environment variable VAR so it never appears on a command line.
 smg runs with ``--enable-igw`` (its model-aware routing): a request for a model no worker serves
 is answered ``404 model_not_found`` in OpenAI's error shape instead of ``503
@@ -18,7 +18,8 @@ from typing import Sequence
 from epdctl.topology.model import Topology
 
 MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router",
-           "mini_lb": "sglang_router.launch_router"}  # SGLang's mini_lb moved into sglang-router (--mini-lb)
+           "mini_lb": "sglang_router.launch_router",  # SGLang's mini_lb moved into sglang-router (--mini-lb)
+           "epdctl-epd": "epdctl.node.epd_router"}  # vLLM's E->P->D sequence over HTTP (smg's EPD is gRPC only)
 HEALTH_FLAGS: dict[str, str] = {
     "--health-check-interval-secs": "1",
     "--health-failure-threshold": "2",
@@ -29,7 +30,7 @@ HEALTH_FLAGS: dict[str, str] = {
     # the circuit opened by its death half-opens after 2 s instead of smg's 60 (reliability.md)
     "--cb-timeout-duration-secs": "2",
 }
-KEY_WRAPPER = "epdctl.router_exec"
+KEY_WRAPPER = "epdctl.node.router_exec"
 
 
 def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, prom_host: str,
@@ -43,6 +44,8 @@ def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, p
     if r.implementation == "mini_lb":
         argv.append("--mini-lb")
     leaders = [s for s in specs if getattr(s, "is_leader")]
+    if r.implementation == "epdctl-epd":
+        return tuple(argv + _epd_flags(leaders, host, port, prom_host, prom_port) + list(r.args))
     prefills = [s for s in leaders if getattr(s, "role") == "prefill"]
     decodes = [s for s in leaders if getattr(s, "role") == "decode"]
     if prefills:
@@ -72,6 +75,28 @@ def router_argv(topo: Topology, specs: Sequence[object], host: str, port: int, p
         if flag not in r.args:
             argv += [flag, value]
     return tuple(argv)
+
+
+def _epd_flags(leaders: Sequence[object], host: str, port: int, prom_host: str, prom_port: int) -> list[str]:
+    """epdctl.node.epd_router's flags: every encoder, prefill and decode (colocated: as decode)."""
+    out: list[str] = []
+    for role, flag in (("encoder", "--encode"), ("prefill", "--prefill"), ("decode", "--decode"),
+                       ("colocated", "--decode")):
+        for s in leaders:
+            if getattr(s, "role") == role:
+                out += [flag, getattr(s, "url")]
+    return out + ["--host", host, "--port", str(port), "--prometheus-host", prom_host,
+                  "--prometheus-port", str(prom_port)]
+
+
+def registers_workers(argv: Sequence[str]) -> bool:
+    """Whether epdctl must register the workers with the router it renders through the router's
+    API: its command names no static workers, or names them only with ``--worker-urls`` beside
+    ``--enable-igw`` (smg 1.13 then starts with none: its log reads "mode: Regular { worker_urls:
+    [] }"). Decided here, from the command being rendered, and recorded in the plan."""
+    if "--enable-igw" in argv and "--worker-urls" in argv:
+        return True
+    return not any(f in argv for f in ("--prefill", "--decode", "--worker-urls", "--encode"))
 
 
 def router_flags(argv: Sequence[str]) -> list[str]:

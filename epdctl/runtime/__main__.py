@@ -2,7 +2,9 @@
 
 The command line is the contract with epdctl's control plane (docs/architecture.md). A worker
 that cannot start (bad model path, port in use) exits 1 with one line on stderr saying why;
-SIGTERM stops it gracefully (encoders unregister from their prefills first).
+SIGTERM stops it gracefully (encoders unregister from their prefills first). Every worker runs
+the reference path (plain torch and ZMQ) unless ``--fast`` (or ``EPD_RUNTIME_FAST=1``) selects
+the fast one (``fast/``, paths.py); defaults live in config.py.
 """
 
 from __future__ import annotations
@@ -17,28 +19,41 @@ from pathlib import Path
 
 # Before torch loads libgomp: idle OpenMP threads of a disaggregated worker must sleep, not
 # spin. E/P/D workers are several processes per CPU host, and spinning threads of an idle
-# decode starve a busy encoder (benchmarks/bench_omp_wait.py: TTFT p50 805 -> 49 ms at 3 req/s
-# on 2 cores). A colocated worker is alone on its cores and keeps libgomp's default, which wakes
-# faster (TTFT p50 20 vs 52 ms). An OMP_WAIT_POLICY already in the environment wins.
+# decode starve a busy encoder (lab/benchmarks/bench_omp_wait.py compares the policies). A colocated
+# worker is alone on its cores and keeps libgomp's default, which wakes faster. An
+# OMP_WAIT_POLICY already in the environment wins.
 if len(sys.argv) > 1 and sys.argv[1] in ("encoder", "prefill", "decode"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES, add_limit_flags  # noqa: E402
+from epdctl.runtime.config import FAST_ENV, RuntimeConfig  # noqa: E402
+from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_IMAGES, add_limit_flags  # noqa: E402
 
 log = logging.getLogger("epdctl.runtime")
 
 
-def _common(p: argparse.ArgumentParser, served: bool = True) -> None:
+def _opt(p: argparse.ArgumentParser, flag: str, cfg: RuntimeConfig, **kw: object) -> None:
+    """``flag`` with its default (and type) from ``cfg``."""
+    default = cfg.default(flag)
+    if "type" not in kw and not isinstance(default, str):
+        kw["type"] = type(default)
+    p.add_argument(flag, default=default, **kw)  # type: ignore[arg-type]
+
+
+def _common(p: argparse.ArgumentParser, cfg: RuntimeConfig, served: bool = True) -> None:
     p.add_argument("--model-path", required=True, help="local Hugging Face Qwen2-VL checkpoint folder")
     if served:
         p.add_argument("--served-model-name", default=None, help="model name clients use (default: folder name)")
-    p.add_argument("--host", default="127.0.0.1")
+    _opt(p, "--host", cfg)
     p.add_argument("--port", type=int, required=True)
-    p.add_argument("--log-level", default=os.environ.get("EPD_LOG_LEVEL", "INFO"))
+    _opt(p, "--log-level", cfg)
     p.add_argument("--cpus", default=None, help="pin this worker to these CPU ids (e.g. 0,1 or 0-3); "
                                                 "torch then runs one thread per pinned CPU")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: one per --cpus "
                                                             "CPU, else torch's default)")
+    p.add_argument("--fast", action="store_true", default=cfg.fast,
+                   help=f"run the fast path (epdctl/runtime/fast/: native copies and attention, packed GEMMs, "
+                        f"shared-memory hand-offs, heap and GC tuning); default: the reference path, or "
+                        f"{FAST_ENV}=1")
 
 
 def _switchable(p: argparse.ArgumentParser) -> None:
@@ -46,12 +61,12 @@ def _switchable(p: argparse.ArgumentParser) -> None:
                    help="load the whole model and accept POST /admin/switch_role (role change in place)")
 
 
-def _transport(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--transport", choices=["zmq", "zmq-ipc", "mooncake"], default="zmq")
+def _transport(p: argparse.ArgumentParser, cfg: RuntimeConfig) -> None:
+    _opt(p, "--transport", cfg, choices=["zmq", "zmq-ipc", "mooncake"])
     p.add_argument("--ib-device", default=None, help="RDMA device for --transport mooncake")
-    p.add_argument("--transfer-port", type=int, default=0,
-                   help="port of this worker's transfer endpoint (0: any free port; epdctl renders one from the "
-                        "topology's port range)")
+    _opt(p, "--transfer-port", cfg,
+         help="port of this worker's transfer endpoint (0: any free port; epdctl renders one from the "
+              "topology's port range)")
 
 
 def _api_key(p: argparse.ArgumentParser) -> None:
@@ -61,52 +76,53 @@ def _api_key(p: argparse.ArgumentParser) -> None:
                         "(Authorization: Bearer KEY), and encoders and decodes send it to the prefills")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(cfg: RuntimeConfig | None = None) -> argparse.ArgumentParser:
+    cfg = cfg or RuntimeConfig.from_env()
     parser = argparse.ArgumentParser(prog="python -m epdctl.runtime", description=__doc__.splitlines()[0])
     roles = parser.add_subparsers(dest="role", required=True)
 
     enc = roles.add_parser("encoder", help="vision encoder worker")
-    _common(enc, served=False)
-    _transport(enc)
-    enc.add_argument("--cache-mb", type=float, default=256.0, help="embedding cache size")
-    enc.add_argument("--max-batch-size", type=int, default=32, help="images per vision-tower batch")
-    enc.add_argument("--batch-wait-ms", type=float, default=0.0,
-                     help="how long an idle encoder waits for more requests to batch (requests that queue "
-                          "during a pass always share the next one)")
+    _common(enc, cfg, served=False)
+    _transport(enc, cfg)
+    _opt(enc, "--cache-mb", cfg, help="embedding cache size")
+    _opt(enc, "--max-batch-size", cfg, help="images per vision-tower batch")
+    _opt(enc, "--batch-wait-ms", cfg,
+         help="how long an idle encoder waits for more requests to batch (requests that queue "
+              "during a pass always share the next one)")
     enc.add_argument("--register-urls", nargs="+", default=[], help="prefill encoder-bootstrap URLs to join")
     add_limit_flags(enc, images=False)
     _api_key(enc)
     _switchable(enc)
 
     pre = roles.add_parser("prefill", help="prefill worker (calls the encoders, hands KV to the decode)")
-    _common(pre)
-    _transport(pre)
+    _common(pre, cfg)
+    _transport(pre, cfg)
     add_limit_flags(pre)
     _api_key(pre)
     pre.add_argument("--bootstrap-port", type=int, required=True, help="KV bootstrap port (decodes connect here)")
     pre.add_argument("--encoder-bootstrap-port", type=int, required=True, help="encoder registry port")
     pre.add_argument("--encoder-urls", nargs="*", default=[], help="encoder worker URLs")
-    pre.add_argument("--max-running-requests", type=int, default=64)
-    pre.add_argument("--kv-timeout", type=float, default=30.0, help="seconds to wait for the decode of a room")
-    pre.add_argument("--encoder-timeout", type=float, default=60.0, help="seconds per encoder call")
-    pre.add_argument("--encoder-probe-interval", type=float, default=2.0, help="encoder health-probe period (0: off)")
+    _opt(pre, "--max-running-requests", cfg)
+    _opt(pre, "--kv-timeout", cfg, help="seconds to wait for the decode of a room")
+    _opt(pre, "--encoder-timeout", cfg, help="seconds per encoder call")
+    _opt(pre, "--encoder-probe-interval", cfg, help="encoder health-probe period (0: off)")
     _switchable(pre)
 
     dec = roles.add_parser("decode", help="decode worker (continuous batching)")
-    _common(dec)
-    _transport(dec)
-    dec.add_argument("--max-running-requests", type=int, default=64)
-    dec.add_argument("--kv-timeout", type=float, default=30.0, help="seconds to wait for a room's KV")
-    dec.add_argument("--max-images-per-request", type=int, default=16, help="reported only; the prefill enforces it")
+    _common(dec, cfg)
+    _transport(dec, cfg)
+    _opt(dec, "--max-running-requests", cfg)
+    _opt(dec, "--kv-timeout", cfg, help="seconds to wait for a room's KV")
+    dec.add_argument("--max-images-per-request", type=int, default=DEFAULT_MAX_IMAGES, help="reported only; the prefill enforces it")
     dec.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="HTTP body size limit")
     _api_key(dec)  # its /metrics, its calls to the prefill's /kv/route, POST /admin/switch_role
     _switchable(dec)
 
     col = roles.add_parser("colocated", help="encoder+prefill+decode in one process")
-    _common(col)
+    _common(col, cfg)
     add_limit_flags(col)
-    col.add_argument("--max-running-requests", type=int, default=64)
-    col.add_argument("--cache-mb", type=float, default=256.0)
+    _opt(col, "--max-running-requests", cfg)
+    _opt(col, "--cache-mb", cfg)
     _api_key(col)
     return parser
 
@@ -161,11 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s {args.role} %(levelname)s %(name)s: %(message)s")
+    from epdctl.runtime.standby import wait_for_go
+    if not wait_for_go(args.role, bool(getattr(args, "switchable", False)), args.cpus, args.threads):
+        return 0  # a spare its supervisor no longer needs
     problem = preflight(args)
     if problem is None:
         from epdctl.runtime.placement import apply as place
         problem = place(args.cpus, args.threads)
     if problem is None:
+        from epdctl.runtime import paths
+        paths.select(args.fast)
         from epdctl.runtime.errors import RuntimeWorkerError
         try:
             asyncio.run(_run(args))

@@ -6,32 +6,23 @@ never a rebuild of a padded batch. Rows of different lengths share the step unde
 hides each row's unused columns, and each row gets its own M-RoPE position (its length + its
 rope_delta), so a sequence's tokens do not depend on who it is batched with. A new sequence
 joins the running batch at the next step. Every row is sampled in one batched call (greedy
-or temperature/top-p, seeded or not) with one device-to-host copy per step. A step runs on one
-intra-op thread unless its GEMMs are big enough to pay for the pool (decode_threads.py),
-steps of packed_gemm.MIN_ROWS+ rows run the MLPs and lm_head through oneDNN (packed_gemm.py),
-and attention runs as one C loop per layer where the host can build it (native_attention.py).
-For the tiny fp32 Qwen2-VL models the forward itself runs as plain torch calls, the model's own
-ops without its modules (decode_forward.py: same logits, a 2-row step ~half the time).
+or temperature/top-p, seeded or not) with one device-to-host copy per step. The step runs
+through the model's own modules with SDPA attention under an additive mask; the fast path
+(fast/decode.py) replaces the step's forward and leaves the bookkeeping here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass, field
 
 import torch
 
-from .decode_forward import lean_for
-from .decode_threads import StepThreads, macs_per_row
 from .errors import RuntimeWorkerError
-from .kv_slots import KVSlots, SlotCache
+from .kv_slots import KVSlots, SlotCache, additive_mask
 from .model import ModelBundle
-from .native_attention import RowLengths, kernel
-from .packed_gemm import MIN_ROWS, PackedLayers, packed_for
 from .prefill_engine import PrefillResult
-from .sampling import SamplingParams, argmax_into, sample_batch
-from .slot_attention import additive_mask, use_for
+from .sampling import SamplingParams, sample_batch
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +60,6 @@ class DecodeEngine:
         self._tokens = torch.zeros(4, dtype=torch.long)  # per slot: the token the next step feeds (its last)
         self._deltas = torch.zeros(4, dtype=torch.long)  # per slot: the sequence's M-RoPE delta
         self._sampled = 0  # running rows that sample (temperature > 0); 0: the step takes the argmax only
-        self.packed = packed_for(self.lm, self.lm_head)  # oneDNN GEMMs for steps of MIN_ROWS+ rows
-        self.threads = StepThreads(macs_per_row(self.lm, self.lm_head))  # the pool only for big steps
-        self.native = kernel() if bundle.dtype == torch.float32 else None  # C attention, else torch's
-        self.lean = lean_for(self.lm, self.lm_head, self.native, bundle.dtype, max_running)  # no modules
         self.steps = 0
         self.forward_passes = 0
 
@@ -171,38 +158,34 @@ class DecodeEngine:
     def _forward(self, n: int) -> list[int]:
         """One batched step of the first ``n`` slots (the sequences in ``_by_slot``)."""
         self.forward_passes += 1
-        with self.threads.applied(n):
-            return self._step_rows(n)
+        return self._step_rows(n)
 
     @torch.inference_mode()
     def _step_rows(self, n: int) -> list[int]:
         seqs = self._by_slot[:n]
-        cache = SlotCache(self.slots, n, self.native)
+        cache = self._cache(n)
         ids = self._tokens[:n].view(n, 1)
         pos = (cache.cols + self._deltas[:n]).view(1, n, 1).expand(3, n, 1)
-        packed = self.packed if self.packed is not None and n >= MIN_ROWS else None
-        if self.lean is not None and self.native is not None:  # (a test may turn the C attention off)
-            logits = self.lean(ids, pos, cache, packed)
-        else:
-            logits = self._module_logits(ids, pos, cache, packed)
+        logits = self._logits(ids, pos, cache)
         for i in range(n):
             self.slots.lengths[i] += 1
         if self.keep_logits:
             for i, s in enumerate(seqs):
                 s.logits.append(logits[i].clone())
-        if self._sampled == 0 and self.native is not None:  # every row greedy: the argmax, into the next ids
-            return argmax_into(self.native, logits, self._tokens[:n])
+        return self._sample(logits, seqs)
+
+    def _cache(self, n: int) -> SlotCache:
+        return SlotCache(self.slots, n)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[_Seq]) -> list[int]:
+        """Every row's next token; it becomes the row's input to the next step."""
         tokens = sample_batch(logits, [s.params for s in seqs], [s.generated for s in seqs])
-        self._tokens[:n] = torch.tensor(tokens, dtype=torch.long)
+        self._tokens[:len(seqs)] = torch.tensor(tokens, dtype=torch.long)
         return tokens
 
-    def _module_logits(self, ids: torch.Tensor, pos: torch.Tensor, cache: SlotCache,
-                       packed: PackedLayers | None) -> torch.Tensor:
-        """The step through the model's own modules (any model decode_forward.py does not serve)."""
-        mask = {"full_attention": RowLengths(cache.cols + 1, self.native) if self.native is not None
-                else additive_mask(cache.cols, cache.width, self.bundle.dtype)}
-        with use_for(self.lm.config), packed.installed() if packed else contextlib.nullcontext():
-            out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
-                          use_cache=True)
-        hidden = out.last_hidden_state[:, -1]
-        return (packed.lm_head(hidden) if packed else self.lm_head(hidden)).float()
+    def _logits(self, ids: torch.Tensor, pos: torch.Tensor, cache: SlotCache) -> torch.Tensor:
+        """The step through the model's own modules: ids [n, 1], positions [3, n, 1]; logits [n, vocab]."""
+        mask = {"full_attention": additive_mask(cache.cols, cache.width, self.bundle.dtype)}
+        out = self.lm(inputs_embeds=self.lm.embed_tokens(ids), attention_mask=mask, position_ids=pos, cache=cache,
+                      use_cache=True)
+        return self.lm_head(out.last_hidden_state[:, -1]).float()

@@ -7,17 +7,16 @@ import io
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from PIL import Image
 
 from .embed_cache import EmbedCache
 from .errors import BadRequestError
-from .memtrim import malloc_trim
 from .model import ModelBundle
 
 log = logging.getLogger(__name__)
-TRIM_AFTER_PIXELS = 4_000_000  # return freed decode buffers to the OS after batches this large
 
 
 @dataclass
@@ -46,12 +45,15 @@ class VisionEncoder:
     """Encodes images with an embedding cache; returned tensors are shared with the cache, so
     callers must treat them as read-only."""
 
-    def __init__(self, bundle: ModelBundle, cache_mb: float = 256):
+    def __init__(self, bundle: ModelBundle, cache_mb: float = 256,
+                 after_pass: Callable[[int], None] = lambda pixels: None):
+        """``after_pass(pixels)`` runs after each vision pass (the fast path trims the heap there)."""
         if getattr(bundle.model.model, "visual", None) is None:
             raise ValueError("VisionEncoder needs a bundle loaded with the vision tower (role encoder/colocated)")
         self.bundle = bundle
         self.visual = bundle.model.model.visual
         self.cache = EmbedCache(cache_mb)
+        self.after_pass = after_pass
         self._stats = {"images": 0, "cache_hits": 0, "cache_misses": 0, "vision_passes": 0, "vision_seconds": 0.0}
 
     @property
@@ -79,8 +81,7 @@ class VisionEncoder:
                 embeds = self._vision(pils)
             finally:
                 del pils
-                if decoded > TRIM_AFTER_PIXELS:
-                    malloc_trim()
+                self.after_pass(decoded)
             for i, (emb, grid) in zip(misses, embeds):
                 found[digests[i]] = (emb, grid)
                 self.cache.put(digests[i], emb, grid)

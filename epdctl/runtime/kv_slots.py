@@ -8,16 +8,12 @@ Both dimensions grow by doubling when a sequence needs more room (rare, amortise
 
 ``SlotCache`` is what the model's attention layers see (transformers' ``Cache.update`` call):
 it writes each row's new K/V at that row's own length and returns the batch's view, which the
-attention reads under a mask that hides every column past a row's length (slot_attention.py).
+attention reads under a mask that hides every column past a row's length (``additive_mask``).
 """
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
-
-from .native_attention import write
 
 _COL = 64  # capacity grows in whole multiples of this many tokens
 
@@ -53,7 +49,7 @@ class KVSlots:
 
     def reserve(self, count: int, need: int) -> None:
         """Room for ``count`` used slots of ``need`` tokens each: one reallocation for a step's joiners
-        (16 joining a fresh 4-slot table: one instead of three)."""
+        rather than one per joiner."""
         slots = self.keys[0].shape[0]
         while slots < count:
             slots *= 2
@@ -97,18 +93,15 @@ class SlotCache:
 
     is_compileable = False
 
-    def __init__(self, slots: KVSlots, n: int, native: ctypes.CDLL | None = None):
-        """The batch of slots 0..n-1; ``native``: native_attention's library writes the new K/V."""
+    def __init__(self, slots: KVSlots, n: int):
+        """The batch of slots 0..n-1."""
         self.slots = slots
         self.n = n
-        self.native = native
         self.cols = torch.tensor(slots.lengths[:n], dtype=torch.long)
         self.width = max(slots.lengths[:n]) + 1
-        if native is not None:
-            return
         _, heads, capacity, dim = slots.keys[0].shape
         # row i, head h writes table row (i * heads + h) * capacity + cols[i] of the [-1, dim] view:
-        # one index_copy_ per table and layer (2.4-2.9 us against 4.4-4.9 for k[rows, :, cols] = ...)
+        # one index_copy_ per table and layer
         self.flat = ((torch.arange(n).view(-1, 1) * heads + torch.arange(heads)) * capacity
                      + self.cols.view(-1, 1)).view(-1)
         self.dim = dim
@@ -117,9 +110,12 @@ class SlotCache:
                **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         """Write each row's new K/V ([n, heads, 1, dim]) at its length; the batch's view back."""
         k, v = self.slots.keys[layer_idx], self.slots.values[layer_idx]
-        if self.native is not None:
-            write(self.native, key_states, value_states, k, v, self.cols)
-            return k[:self.n, :, :self.width], v[:self.n, :, :self.width]
         k.view(-1, self.dim).index_copy_(0, self.flat, key_states.reshape(-1, self.dim))
         v.view(-1, self.dim).index_copy_(0, self.flat, value_states.reshape(-1, self.dim))
         return k[:self.n, :, :self.width], v[:self.n, :, :self.width]
+
+
+def additive_mask(lengths: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """[n, 1, 1, width]: 0 where row i may look (columns 0..lengths[i]), the dtype's min elsewhere."""
+    seen = torch.arange(width).view(1, -1) <= lengths.view(-1, 1)
+    return torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min).view(-1, 1, 1, width)

@@ -8,7 +8,6 @@ every running sequence of a step in one batched call (``sample_batch``).
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -61,8 +60,8 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams], indices
     """One token per row of ``logits`` [n, vocab]: row i follows ``params[i]`` and is the
     ``indices[i]``-th generated token of its request. One batched pass for every row (greedy rows
     take the argmax; sampled rows one softmax, sort and inverse-CDF draw together) and one
-    device-to-host copy: the same dozen tensor ops per step for 1 or 16 streams (16 sampled rows
-    of the tiny model: ~0.11 ms, against ~0.76 ms drawing each row on its own)."""
+    device-to-host copy: the same dozen tensor ops per step however many streams run, rather than
+    a draw per row."""
     tokens = torch.argmax(logits, dim=-1)
     rows = [i for i, p in enumerate(params) if p.temperature > 0]
     if rows:
@@ -83,18 +82,6 @@ def sample_batch(logits: torch.Tensor, params: Sequence[SamplingParams], indices
             return drawn.tolist()
         tokens[rows] = drawn
     return tokens.tolist()
-
-
-def argmax_into(dll: ctypes.CDLL, logits: torch.Tensor, out: torch.Tensor) -> list[int]:
-    """Greedy tokens of every row: ``out[:] = logits.argmax(-1)`` through native_attention's library,
-    as a list (16 rows of the tiny model's 373 logits, with the list: 7.0 us with torch's, 2.9 here).
-    logits: contiguous fp32 [n, vocab]; out: contiguous int64 [n]. Same tokens as ``sample_batch``."""
-    n, vocab = logits.shape
-    if not (logits.is_contiguous() and logits.dtype == torch.float32 and out.dtype == torch.int64
-            and out.is_contiguous() and out.numel() == n):
-        raise ValueError("native argmax needs contiguous fp32 logits [n, vocab] and an int64 [n] output")
-    dll.epd_argmax_f32(n, vocab, logits.data_ptr(), out.data_ptr())
-    return out.tolist()
 
 
 def _uniforms(params: list[SamplingParams], indices: list[int]) -> torch.Tensor:

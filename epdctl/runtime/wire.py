@@ -4,10 +4,10 @@ The header lists each tensor's name, dtype, shape, byte size and checksum and th
 receiver detects a truncated or corrupted hand-off and raises ``TransferError`` instead of
 decoding garbage into a plausible-looking (and silently wrong) answer.
 
-The checksum is XXH3-64 (PyPI ``xxhash``): measured on the 2-core CI machine it hashes 48 GB/s
-against zlib.crc32's 7, crc32c's (hardware CRC32C) 23 and a memcpy's 27, so checking costs
-less than a copy (benchmarks/bench_transfer.py prints the comparison); buffers of 32 MiB or more
-are hashed by native_copy.py's C loop (same values, without the GIL) where the host builds it.
+The checksum is XXH3-64 (PyPI ``xxhash``), chosen because it hashes faster than a memcpy copies,
+so checking costs less than the copy (lab/benchmarks/bench_transfer.py prints the comparison). The
+fast path may install an accelerator (``use_accelerator``, fast/native_copy.py) that gives the
+same values in C.
 Received tensors are views into the received buffers when those are writable and aligned: no
 copy after the wire.
 """
@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import ctypes
 import json
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 import torch
 import xxhash
 
-from . import native_copy
 from .encoder_engine import EncodedImage
 from .errors import TransferError
 from .prefill_engine import PrefillResult
@@ -35,13 +34,33 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
 Frame = bytes | memoryview
 
 
+class Accelerator(Protocol):
+    """A faster way to the same XXH3-64 values; each call may decline (None) and xxhash runs."""
+
+    def checksum(self, buf: Frame, nbytes: int) -> int | None: ...
+
+    def copy_hash(self, bufs: Sequence[Frame], dst: np.ndarray, offsets: Sequence[int],
+                  lengths: list[int]) -> int | None: ...
+
+    def span_sum(self, buf: memoryview, offsets: Sequence[int], lengths: Sequence[int]) -> int | None: ...
+
+
+ACCEL: Accelerator | None = None  # set once per process by the fast path
+
+
+def use_accelerator(accel: Accelerator | None) -> None:
+    """Hash (and copy-and-hash) through ``accel`` from now on in this process; None: xxhash only."""
+    global ACCEL
+    ACCEL = accel
+
+
 def checksum(buf: Frame) -> int:
     """XXH3-64 of ``buf`` (any contiguous buffer)."""
-    n = memoryview(buf).nbytes
-    dll = native_copy.checker(n)
-    if dll is None:
-        return xxhash.xxh3_64_intdigest(buf)
-    return native_copy.hash_one(dll, buf, n)
+    if ACCEL is not None:
+        digest = ACCEL.checksum(buf, memoryview(buf).nbytes)
+        if digest is not None:
+            return digest
+    return xxhash.xxh3_64_intdigest(buf)
 
 
 _NAMES = {d: n for n, d in _DTYPES.items()}
@@ -53,8 +72,8 @@ _ANY = ctypes.c_uint8 * (1 << 40)  # one array type for every size (ctypes cache
 
 def _raw(t: torch.Tensor) -> memoryview:
     """The tensor's bytes without a copy (contiguous CPU tensors; others are made so first): a
-    ctypes array at its address, cut to its size (~0.7 us; numpy or torch views cost ~3 us, and a
-    KV message has 56 tensors). The array holds the tensor, so the memoryview keeps it alive."""
+    ctypes array at its address, cut to its size (cheaper than a numpy or torch view, and a KV
+    message has dozens of tensors). The array holds the tensor, so the memoryview keeps it alive."""
     if not t.is_cpu:
         t = t.cpu()
     if not t.is_contiguous():

@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
+from epdctl.engines.registry import ENGINE_NAMES, UnknownDevice, UnknownEngine, engine_for
 from epdctl.errors import Problem, TopologyError
+from epdctl.launchers.kinds import allocates_nodes
+from epdctl.topology.answers import read_check
 from epdctl.topology.allocation import counted_roles, synthesize
 from epdctl.topology.checks import run_checks
+from epdctl.topology.container import read_layer
 from epdctl.topology.limits import read_limits
 from epdctl.topology.loader import Document, load_document, parse_yaml
+from epdctl.topology.model_source import resolve as resolve_model
 from epdctl.topology.model import ROLE_ORDER, Model, Node, Role, Settings, Topology, Worker
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import Reader
 from epdctl.topology.safety import unsafe_text, unsafe_values
 from epdctl.topology.restart import read_restart
-from epdctl.topology.schema import ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_settings, top_level
-from epdctl.topology.sections import read_in_place, read_ports, read_router, read_slurm, read_transfer
+from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model, read_nodes, read_settings,
+                                   read_startup, top_level)
+from epdctl.topology.sections import read_engine, read_in_place, read_ports, read_router, read_slurm, read_transfer
 
 __all__ = ["load_topology", "topology_from_text", "Topology", "Worker", "Node", "Role", "Settings", "ROLE_ORDER"]
 
@@ -49,34 +56,53 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
     for path, msg in [] if tracing else unsafe_values(top):
         r.problem(path, msg)
     name = r.get(top, "", "name", "str", required=True)
-    engine = r.get(top, "", "engine", "str", required=True, choices=ENGINES)
+    engine, engine_version, engine_venv, engine_python, engine_device = read_engine(r, top, ENGINES)
+    if engine is not None and engine in ENGINE_NAMES and (engine_version is not None or engine_device is not None):
+        try:
+            engine_for(engine, engine_version, engine_device)
+        except UnknownDevice as e:
+            r.problem("engine.device", str(e))
+            engine_device = None
+        except UnknownEngine as e:
+            r.problem("engine.version", f"{e}; name one of these or leave version out for the default")
+            engine_version = None
     launcher = r.get(top, "", "launcher", "str", default="local", choices=LAUNCHERS)
-    python = r.get(top, "", "python", "str", default="python3")
+    python = _resolve_python(r.get(top, "", "python", "str", default="python3"), doc.source)
     model = read_model(r, top)
     defaults: dict = {}
     if top.get("defaults") is not None:
         d = r.mapping(top["defaults"], "defaults", SETTING_KEYS, "defaults")
         if d is not None:
             defaults = read_settings(r, d, "defaults", SETTING_KEYS)
+    if top.get("startup") is not None:  # top-level `startup:`: below `defaults`
+        top_startup = read_startup(r, top["startup"], "startup")
+        if top_startup is not None:
+            defaults = {"startup_timeout": top_startup, **defaults}
+    if top.get("container") is not None:  # the lowest layer: under defaults.container
+        defaults["container"] = [read_layer(r, top["container"], "container"), *defaults.get("container", [])]
     slurm = read_slurm(r, top)
     nodes, node_layers = read_nodes(r, top, required=not counted_roles(top))
     counted, counted_layers, role_nodes = synthesize(r, top, launcher, slurm, {n.name for n in nodes})
     nodes, node_layers = nodes + counted, {**node_layers, **counted_layers}
-    workers = read_roles(r, top, {n.name: n for n in nodes}, node_layers, defaults, engine, role_nodes)
+    uses_gpus = _uses_gpus(engine, engine_version, engine_device)
+    workers = read_roles(r, top, {n.name: n for n in nodes}, node_layers, defaults, uses_gpus, role_nodes)
     transfer = read_transfer(r, top)
     router = read_router(r, top)
     ports = read_ports(r, top)
     in_place = read_in_place(r, top)
     limits = read_limits(r, top)
     restart = read_restart(r, top)
-    if launcher == "slurm" and slurm is None and "slurm" not in top:
+    answer_check = read_check(r, top, doc.source)
+    if allocates_nodes(launcher) and slurm is None and "slurm" not in top:
         r.problem("launcher", "launcher slurm needs a slurm section (partition, account, time, gpus_per_node)")
     if model is None or name is None or engine is None:
         raise TopologyError(_sorted(r.problems))
     model = _resolve_model(model, doc.source)
+    engine_venv, engine_python = _beside(engine_venv, doc.source), _beside(engine_python, doc.source)
     topo = Topology(name=name, model=model, engine=engine, launcher=launcher, nodes=nodes, workers=workers,
                     transfer=transfer, router=router, slurm=slurm, ports=ports, python=python, in_place=in_place,
-                    limits=limits, restart=restart,
+                    engine_version=engine_version, engine_venv=engine_venv, engine_python=engine_python,
+                    engine_device=engine_device, limits=limits, restart=restart, check=answer_check,
                     source=doc.source,
                     lines=doc.lines)
     problems = list(r.problems)
@@ -95,21 +121,42 @@ def _build(doc: Document, cross_checks: bool = True, reader: Reader | None = Non
 
 
 def _resolve_model(model: Model, source: Path | None) -> Model:
-    """Resolve ``./`` and ``../`` model paths against the topology file; read the architecture."""
-    path = model.path
-    if source is not None and (path.startswith("./") or path.startswith("../") or path in (".", "..")):
-        path = str((source.resolve().parent / path).resolve())
+    """Resolve relative folders against the topology file (``model_source.resolve``); read the
+    architecture from the weights' config.json where it can be read here."""
+    model = resolve_model(model, source.resolve().parent if source is not None else None)
     arch = model.architecture
     if arch is None:
         try:
-            cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+            cfg = json.loads((Path(model.origin) / "config.json").read_text(encoding="utf-8"))
             archs = cfg.get("architectures") if isinstance(cfg, dict) else None
             if isinstance(archs, list) and archs and isinstance(archs[0], str):
                 arch = archs[0]
         except (OSError, ValueError):
-            arch = None  # not a local checkout (e.g. a hub id): the engine will read it at start
-    served = path if model.served_name == model.path else model.served_name  # default: the path SGLang gets
-    return dataclasses.replace(model, path=path, architecture=arch, served_name=served)
+            arch = None  # not here (a hub id not yet downloaded, a node's own folder): the engine reads it
+    return dataclasses.replace(model, architecture=arch)
+
+
+def _uses_gpus(engine: str | None, version: str | None, device: str | None) -> bool:
+    if engine is None or engine not in ENGINE_NAMES:
+        return True
+    try:
+        return engine_for(engine, version, device).uses_gpus
+    except UnknownEngine:  # already reported at engine.version / engine.device
+        return True
+
+
+def _beside(path: str | None, source: Path | None) -> str | None:
+    """A ``./`` or ``../`` path resolved against the topology file (a checkout's own engine venv)."""
+    if path is None or source is None or not path.startswith(("./", "../")):
+        return path
+    return str((source.resolve().parent / path).resolve())
+
+
+def _resolve_python(python: str, source: Path | None) -> str:
+    """A ``./`` or ``../`` interpreter path is relative to the topology file (a project venv)."""
+    if source is not None and python.startswith(("./", "../")):
+        return os.path.normpath(source.resolve().parent / python)  # the venv's link, not its target
+    return python
 
 
 def _dedupe(problems: list[Problem]) -> list[Problem]:

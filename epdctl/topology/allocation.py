@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from epdctl.launchers.kinds import allocates_nodes
 from epdctl.topology.loader import join
 from epdctl.topology.model import ROLE_ORDER, Node, Slurm
 from epdctl.topology.reader import Reader
@@ -44,7 +45,7 @@ def synthesize(r: Reader, top: dict[str, Any], launcher: str | None, slurm: Slur
                                        "(roles.<role>.nodes: N with launcher: slurm), but no role gives a count; "
                                        "remove node_defaults or give a role nodes: N")
         return (), {}, {}
-    if launcher != "slurm":
+    if not allocates_nodes(launcher):
         for role in counts:
             r.problem(f"roles.{role}.nodes",
                       f"nodes: {counts[role]} (a number of allocation nodes) needs launcher: slurm, where the "

@@ -5,44 +5,18 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from epdctl.engines.registry import engine_of
+from epdctl.topology.container import container_problems
 from epdctl.topology.engine_flags import flag_table
 from epdctl.topology.model import Role, Topology, Worker
 from epdctl.topology.ports import plan_ports
 from epdctl.topology.secrets import looks_secret
 
-# hf_config.architectures[0] values SGLang 0.5.23 accepts with --encoder-only / --language-only.
-SGLANG_EPD_ARCHITECTURES = (
-    "Qwen2VLForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-    "Qwen3VLMoeForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-    "InternS2PreviewForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
-    "Qwen2AudioForConditionalGeneration", "Qwen2_5OmniForConditionalGeneration", "Dots3NoteForCausalLM",
-    "KimiVLForConditionalGeneration", "KimiK25ForConditionalGeneration", "KimiK3ForConditionalGeneration",
-    "MiMoV2ForCausalLM", "Glm5NextForConditionalGeneration", "MiniMaxM3SparseForConditionalGeneration",
-    "MuseSparkForConditionalGeneration",
-)
 # SGLang forces ep_size = tp_size with these all-to-all backends (overrides._a2a_ep_size).
 EP_EQUALS_TP_A2A = ("deepep", "deepep_v2", "megamoe", "mooncake", "nixl", "mori", "flashinfer", "flashinfer_megamoe")
 ROUTER_MANAGED = ("--host", "--port", "--prometheus-host", "--prometheus-port", "--pd-disaggregation", "--prefill",
                   "--decode", "--worker-urls", "--policy")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
-# Flags epdctl renders itself; setting them in args would contradict the plan.
-MANAGED = {
-    "sglang": ("--model-path", "--model", "--host", "--port", "--served-model-name", "--tp-size",
-               "--tensor-parallel-size", "--pp-size", "--pipeline-parallel-size", "--dp-size", "--data-parallel-size",
-               "--attn-dp-size", "--attention-data-parallel-size", "--ep-size", "--expert-parallel-size", "--ep",
-               "--nnodes", "--node-rank", "--dist-init-addr", "--nccl-init-addr", "--disaggregation-mode",
-               "--disaggregation-bootstrap-port", "--encoder-only", "--language-only", "--encoder-urls",
-               "--encoder-bootstrap-port", "--base-gpu-id", "--disaggregation-transfer-backend",
-               "--disaggregation-ib-device", "--api-key", "--admin-api-key"),
-    "vllm": ("--model", "--host", "--port", "--served-model-name", "--tensor-parallel-size", "-tp",
-             "--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp", "--nnodes", "--node-rank",
-             "--master-addr", "--master-port", "--headless", "--kv-transfer-config", "--ec-transfer-config",
-             "--mm-encoder-only", "--api-key"),
-    "embedded": ("--model-path", "--host", "--port", "--served-model-name", "--transport", "--bootstrap-port",
-                 "--encoder-bootstrap-port", "--encoder-urls", "--register-urls", "--transfer-port", "--cpus"),
-}
-
-
 def is_loopback(host: str) -> bool:
     return host in LOOPBACK or host.startswith("127.")
 
@@ -54,6 +28,7 @@ def run_checks(topo: Topology) -> list[tuple[str, str]]:
                   _args, _router):
         out.extend(check(topo))
     out.extend(plan_ports(topo).problems)
+    out.extend(container_problems(topo))
     return out
 
 
@@ -82,16 +57,13 @@ def _shared_nodes(topo: Topology) -> Iterator[tuple[str, str]]:
 
 
 def _parallelism(topo: Topology) -> Iterator[tuple[str, str]]:
+    engine = engine_of(topo)
     for w in topo.workers:
         s = w.settings
-        if s.module is not None and topo.engine != "sglang":
-            yield w.path, (f"module ({s.module}) is for SGLang-compatible launchers such as dynamo.sglang; the "
-                           f"{topo.engine} engine has its own command: drop module")
-        if s.cpus is not None and topo.engine != "embedded":
-            yield w.path, (f"cpus: pins embedded runtime workers to CPU cores; {topo.engine} workers are placed "
-                           "on GPUs (gpus/base_gpu_id) — drop cpus")
-        if topo.engine == "embedded" and (s.tp, s.pp, s.dp, s.attention_dp) != (1, 1, 1, 1):
-            yield w.path, "the embedded engine runs one CPU process per worker: tp, pp, dp and attention_dp must be 1"
+        yield from engine.setting_problems(topo, w)
+        if engine.single_process and (s.tp, s.pp, s.dp, s.attention_dp) != (1, 1, 1, 1):
+            yield w.path, (f"the {engine.name} engine runs one CPU process per worker: tp, pp, dp and attention_dp "
+                           "must be 1")
             continue
         if s.tp % s.attention_dp:
             yield w.path, f"tp ({s.tp}) must be a multiple of attention_dp ({s.attention_dp})"
@@ -113,12 +85,14 @@ def _parallelism(topo: Topology) -> Iterator[tuple[str, str]]:
 
 def _architecture(topo: Topology) -> Iterator[tuple[str, str]]:
     arch = topo.model.architecture
-    if topo.engine != "sglang" or not topo.has_encoders or arch is None:
+    engine = engine_of(topo)
+    supported = engine.epd_architectures
+    if supported is None or not topo.has_encoders or arch is None:
         return
-    if arch not in SGLANG_EPD_ARCHITECTURES:
-        yield "roles.encoder", (f"SGLang 0.5.23 does not support encoder disaggregation for {arch} (model.architecture); "
-                                f"drop roles.encoder (prefill then encodes images itself) or pick a supported model: "
-                                f"{', '.join(SGLANG_EPD_ARCHITECTURES[:4])}, ...")
+    if arch not in supported:
+        yield "roles.encoder", (f"{engine.label} {engine.version} does not support encoder disaggregation for {arch} "
+                                f"(model.architecture); drop roles.encoder (prefill then encodes images itself) or "
+                                f"pick a supported model: {', '.join(supported[:4])}, ...")
 
 
 def _kv_layout(topo: Topology) -> Iterator[tuple[str, str]]:
@@ -132,25 +106,7 @@ def _kv_layout(topo: Topology) -> Iterator[tuple[str, str]]:
 
 
 def _transfer(topo: Topology) -> Iterator[tuple[str, str]]:
-    b = topo.transfer.backend
-    pd = bool(topo.role_workers(Role.PREFILL))
-    if topo.engine == "sglang" and b == "zmq" and pd:
-        yield "transfer.backend", ("SGLang has no zmq KV transfer; use mooncake (RDMA, or TCP when the nodes have "
-                                   "no ib/roce NIC) or nixl")
-    if topo.engine == "vllm" and b == "zmq" and pd:
-        yield "transfer.backend", "vLLM PD uses NixlConnector or MooncakeConnector: set transfer.backend to nixl or mooncake"
-    if topo.engine == "embedded" and b == "nixl":
-        yield "transfer.backend", "the embedded engine transfers over zmq or mooncake; nixl is for GPU engines"
-    if topo.engine == "embedded" and topo.transfer.embeddings not in (None, b):
-        yield "transfer.embeddings", (f"the embedded engine moves embeddings and KV over one transport "
-                                      f"(transfer.backend: {b}); drop transfer.embeddings or set it to {b}")
-    if topo.engine == "vllm" and topo.has_encoders and topo.transfer.ec_storage_path is None:
-        enc = {n for w in topo.role_workers(Role.ENCODER) for n in w.nodes}
-        pre = {n for w in topo.role_workers(Role.PREFILL) for n in w.nodes}
-        if enc != pre or len(enc) > 1:
-            yield "transfer", ("vLLM's ECExampleConnector hands embeddings over a shared directory and the encoders "
-                               "and prefills run on different nodes: set transfer.ec_storage_path to a directory on "
-                               "a filesystem all of them mount")
+    yield from engine_of(topo).transfer_problems(topo)
 
 
 def _nics(topo: Topology) -> Iterator[tuple[str, str]]:
@@ -203,10 +159,11 @@ def _reachability(topo: Topology) -> Iterator[tuple[str, str]]:
 
 def _args(topo: Topology) -> Iterator[tuple[str, str]]:
     """Engine args, checked once per place they are written (a role's args at the role's line)."""
-    managed = MANAGED.get(topo.engine, ())
+    engine = engine_of(topo)
+    managed = engine.managed_flags
     reported: set[tuple[str, str]] = set()
     for w in topo.workers:
-        table = flag_table(topo.engine, w.role.value if topo.engine == "embedded" else None)
+        table = engine.flags(w.role, w.settings.module)
         for path, tokens in w.settings.args_src:
             if (path, table.version) in reported:
                 continue

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+
+from epdctl.topology.migration_table import migration_table
 
 # The embedded runtime's command line per role (docs/architecture.md, epdctl/runtime/__main__.py);
 # the control plane may not import the runtime, so it is mirrored here and a test keeps them equal.
 _COMMON = {"--model-path": None, "--host": None, "--port": None, "--log-level": None, "--cpus": None,
-           "--threads": None}
+           "--threads": None, "--fast": 0}
 _SERVED = {"--served-model-name": None}
 _TRANSPORT = {"--transport": ["zmq", "zmq-ipc", "mooncake"], "--ib-device": None, "--transfer-port": None}
 _SWITCH = {"--switchable": 0}
@@ -35,6 +37,7 @@ EMBEDDED_ROLES: dict[str, dict[str, object]] = {
                "--max-images-per-request": None, "--max-body-bytes": None, **_KEY, **_SWITCH},
     "colocated": {**_COMMON, **_SERVED, **_IMAGES, **_KEY, "--max-running-requests": None, "--cache-mb": None},
 }
+RUNTIME_TABLES = {"embedded": EMBEDDED_ROLES}  # tables written here, by role, not dumped from a parser
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,15 @@ class FlagTable:
     engine: str
     version: str
     options: dict[str, Option]  # every spelling -> option
+    abbrev: bool = True  # a unique prefix means its option (argparse allow_abbrev)
+    dotted: bool = False  # ``--json-option.key value`` sets one key of a JSON option (vLLM)
+    removed: dict[str, str] = field(default_factory=dict)  # flag -> what replaced it (the migration table)
+    owners: dict[str, str] = field(default_factory=dict)  # a wrapper's own flag -> "Dynamo (dynamo.sglang)"
+
+    def owner(self, flag: str) -> str | None:
+        """The wrapper that reads ``flag`` (None: the engine's own, or unknown)."""
+        opt = self.resolve(flag)
+        return next((self.owners[f] for f in opt.flags if f in self.owners), None) if opt is not None else None
 
     def check(self, tokens: tuple[str, ...] | list[str]) -> list[str]:
         """Problems with ``tokens`` (unknown flags, bad choices, missing values); empty if fine.
@@ -70,7 +82,7 @@ class FlagTable:
                 continue
             name, eq, inline = tok.partition("=")
             opt = self.resolve(name)
-            if opt is None and self.engine == "vllm" and "." in name:
+            if opt is None and self.dotted and "." in name:
                 opt = self.options.get(name.split(".", 1)[0])  # --kv-transfer-config.kv_role X
             if opt is None:
                 problems.append(self.unknown(name))
@@ -98,7 +110,7 @@ class FlagTable:
     def resolve(self, name: str) -> Option | None:
         """The option ``name`` means to the engine's launcher: exact/alias, or a unique prefix."""
         opt = self.options.get(name)
-        if opt is not None or self.engine == "embedded" or not name.startswith("--"):
+        if opt is not None or not self.abbrev or not name.startswith("--"):
             return opt
         hits = [n for n in self.options if n.startswith(name)]
         return self.options[hits[0]] if len(hits) == 1 else None
@@ -106,18 +118,18 @@ class FlagTable:
     def unknown(self, name: str) -> str:
         """The message for a flag the engine does not know: its migration if it was removed, the
         options an ambiguous prefix could mean, or a near spelling (typos only, never another concept)."""
-        from epdctl.topology.migrations import migration_table  # the table module imports this one
-
-        m = migration_table(self.engine).get(name)
-        if m is not None:
-            return (f"{name} was removed: {m.summary()}; `epdctl validate --fix` rewrites it")
+        moved = self.removed.get(name)
+        if moved is not None:
+            return (f"{name} was removed: {moved}; `epdctl validate --fix` rewrites it")
         hits = sorted(n for n in self.options if n.startswith(name)) if name.startswith("--") else []
         if len(hits) > 1:
             return (f"{name} is ambiguous for {self.engine} {self.version} (a prefix of {', '.join(hits[:4])}"
                     f"{', ...' if len(hits) > 4 else ''}); write the full flag")
         near = difflib.get_close_matches(name, list(self.options), n=1, cutoff=0.85)
         dym = f"; did you mean {near[0]}?" if near else ""
-        return f"{name} is not a {self.engine} {self.version} flag{dym}"
+        wrappers = sorted(set(self.owners.values()))
+        also = f" nor a {' or '.join(wrappers)} flag" if wrappers else ""
+        return f"{name} is not a {self.engine} {self.version} flag{also}{dym}"
 
     def dest(self, flag: str) -> str | None:
         opt = self.resolve(flag)
@@ -133,16 +145,17 @@ def _is_number(tok: str) -> bool:
 
 
 @lru_cache(maxsize=None)
-def flag_table(engine: str, role: str | None = None) -> FlagTable:
-    """The flag table of ``engine`` (sglang, vllm, smg, or embedded with its ``role``)."""
-    if engine == "embedded":
+def flag_table(name: str, role: str | None = None) -> FlagTable:
+    """The flag table ``name`` (``flags/<name>.json``: sglang, vllm, smg; or a runtime's table, by ``role``)."""
+    roles = RUNTIME_TABLES.get(name)
+    if roles is not None:
         opts = {}
-        for flag, spec in EMBEDDED_ROLES[role or "colocated"].items():
+        for flag, spec in roles[role or "colocated"].items():
             choices = tuple(spec) if isinstance(spec, list) else None
             nargs = spec if isinstance(spec, (int, str)) else None
             opts[flag] = Option((flag,), flag[2:].replace("-", "_"), nargs != 0, nargs, choices)
-        return FlagTable("embedded", f"runtime {role or 'colocated'}", opts)
-    text = resources.files("epdctl.topology").joinpath("flags", f"{engine}.json").read_text(encoding="utf-8")
+        return FlagTable(name, f"runtime {role or 'colocated'}", opts, abbrev=False)
+    text = resources.files("epdctl.topology").joinpath("flags", f"{name}.json").read_text(encoding="utf-8")
     doc = json.loads(text)
     options: dict[str, Option] = {}
     for o in doc["options"]:
@@ -150,4 +163,5 @@ def flag_table(engine: str, role: str | None = None) -> FlagTable:
                      tuple(o["choices"]) if o["choices"] is not None else None, o.get("default"))
         for flag in opt.flags:
             options[flag] = opt
-    return FlagTable(engine, doc["version"], options)
+    removed = {flag: m.summary() for flag, m in migration_table(name).items()}
+    return FlagTable(doc["engine"], doc["version"], options, dotted=bool(doc.get("dotted_options")), removed=removed)

@@ -17,6 +17,7 @@ import json
 import re
 from typing import Any, Iterable
 
+from epdctl.engines.registry import ENGINE_NAMES
 from epdctl.errors import TopologyError
 from epdctl.topology import _build
 from epdctl.topology.allocation import _read_template
@@ -25,6 +26,7 @@ from epdctl.topology.model import ROLE_ORDER, Node
 from epdctl.topology.placement import read_roles
 from epdctl.topology.reader import ENV_NAME, Reader
 from epdctl.topology.schema import ROLE_KEYS, TOP_KEYS, WORKER_KEYS
+from epdctl.topology.sections import ENGINE_DEVICES
 
 SCHEMA_ID = "https://epdctl.dev/topology.schema.json"
 _INDEX = re.compile(r"\[\d+\]")
@@ -37,6 +39,17 @@ _HAND: dict[str, dict[str, Any]] = {
     # YAML 1.1 reads an unquoted 04:00:00 as an integer, which read_slurm rejects (floats pass as text)
     "slurm.time": {"anyOf": [{"type": "string", "minLength": 1}, {"type": "number", "not": {"type": "integer"}},
                              {"type": "null"}], "description": "sbatch --time; quote it: \"04:00:00\""},
+    "engine": {"anyOf": [{"enum": list(ENGINE_NAMES)}, {
+        "type": "object", "additionalProperties": False, "required": ["name"], "properties": {
+            "name": {"enum": list(ENGINE_NAMES)},
+            "version": {"type": ["string", "number", "null"], "minLength": 1,
+                        "description": "the engine release (0.32 for 0.32.0); default: the engine's default record"},
+            "venv": {"type": ["string", "null"], "minLength": 1,
+                     "description": "absolute path of the engine's virtual environment on every node"},
+            "python": {"type": ["string", "null"], "minLength": 1,
+                       "description": "absolute path of the engine's interpreter on every node"},
+            "device": {"enum": [*ENGINE_DEVICES, None],
+                       "description": "the engine's device form: sglang takes cuda (the default) or cpu"}}}]},
     "slurm.extra": {"type": ["object", "null"], "additionalProperties": {"type": ["string", "number", "boolean"]}},
 }
 
@@ -100,7 +113,7 @@ def trace() -> TracingReader:
         pass
     top = {"node_defaults": _P, "roles": {role.value: _role_probe() for role in ROLE_ORDER}}
     _read_template(r, top, None)
-    read_roles(r, top, {"n0": Node(name="n0", host="probe")}, {}, {}, "embedded")
+    read_roles(r, top, {"n0": Node(name="n0", host="probe")}, {}, {}, False)
     return r
 
 

@@ -8,34 +8,12 @@ deprecated actions of the installed parser are in the parser dump (``flags/sglan
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 from epdctl.topology.engine_flags import FlagTable, flag_table
+from epdctl.topology.migration_table import Migration, migration_table
 
-
-@dataclass(frozen=True)
-class Migration:
-    flag: str
-    status: str  # removed | deprecated
-    kind: str  # rename | replace | drop | dp_attention | ep_from_tp
-    replacement: tuple[str, ...]
-    takes_value: bool = False
-    note: str = ""
-    deprecated_in: str = ""
-    removed_by: str | None = None
-    evidence: str = ""
-
-    def why(self) -> str:
-        why = f"removed by SGLang {self.removed_by}" if self.status == "removed" else "deprecated in SGLang 0.5.23"
-        return why + (f"; {self.note}" if self.note else "")
-
-    def summary(self) -> str:
-        """``--enable-deepep-moe -> --moe-a2a-backend deepep (removed by SGLang 0.5.23)``."""
-        new = " ".join(self.replacement) if self.replacement else "drop it"
-        return f"{self.flag} -> {new} ({self.why()})"
+__all__ = ["Applied", "Migration", "canonical_args", "canonical_flag", "migrate_args", "migration_table"]
 
 
 @dataclass(frozen=True)
@@ -50,20 +28,6 @@ class Applied:
     def describe(self) -> str:
         why = self.migration.why() if self.migration is not None else self.reason
         return f"{' '.join(self.old)} -> {' '.join(self.new) or '(dropped)'} ({why})"
-
-
-@lru_cache(maxsize=None)
-def migration_table(engine: str) -> dict[str, Migration]:
-    """Known migrations of ``engine`` by old flag (empty for engines without a table)."""
-    path = resources.files("epdctl.topology").joinpath("flags", f"{engine}_migrations.json")
-    if not path.is_file():
-        return {}
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    return {m["flag"]: Migration(flag=m["flag"], status=m["status"], kind=m["kind"],
-                                 replacement=tuple(m["replacement"]), takes_value=bool(m.get("takes_value")),
-                                 note=m.get("note", ""), deprecated_in=m.get("deprecated_in", ""),
-                                 removed_by=m.get("removed_by"), evidence=m.get("evidence", ""))
-            for m in doc["migrations"]}
 
 
 def canonical_flag(table: FlagTable, flag: str) -> str | None:
@@ -100,15 +64,15 @@ def _value_end(table: FlagTable, tokens: list[str], i: int) -> int:
     return j
 
 
-def migrate_args(tokens: list[str] | tuple[str, ...], engine: str = "sglang", *, apply_table: bool = True
+def migrate_args(tokens: list[str] | tuple[str, ...], table_name: str = "sglang", *, apply_table: bool = True
                  ) -> tuple[list[str], list[Applied]]:
-    """Rewrite ``tokens`` for the installed engine: fix ``---flag`` typos, expand prefixes and
-    aliases to canonical names, apply the migration table (unless ``apply_table`` is False).
-    Unknown flags are left alone."""
-    if engine not in ("sglang",):
+    """Rewrite ``tokens`` for the installed engine (its flag table ``table_name``): fix ``---flag``
+    typos, expand prefixes and aliases to canonical names, apply the migration table (unless
+    ``apply_table`` is False). Unknown flags are left alone; a table without migrations rewrites nothing."""
+    if not migration_table(table_name):
         return list(tokens), []
-    table = flag_table(engine)
-    moves = migration_table(engine) if apply_table else {}
+    table = flag_table(table_name)
+    moves = migration_table(table_name) if apply_table else {}
     toks = list(tokens)
     applied: list[Applied] = []
     out: list[str] = []
@@ -186,11 +150,11 @@ def _resolve_context(out: list[str], applied: list[Applied], table: FlagTable) -
     return out
 
 
-def canonical_args(tokens: tuple[str, ...] | list[str], engine: str) -> list[str]:
+def canonical_args(tokens: tuple[str, ...] | list[str], table_name: str) -> list[str]:
     """``tokens`` with every flag the launcher would expand (a unique prefix) written in full."""
-    if engine not in ("sglang", "vllm"):
+    table = flag_table(table_name)
+    if not table.abbrev:
         return list(tokens)
-    table = flag_table(engine)
     out = []
     for tok in tokens:
         if tok.startswith("--"):

@@ -7,16 +7,25 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from epdctl.containers.spec import Container, Mount
 from epdctl.topology.limits import Limits
 
 
 class Role(str, Enum):
-    """A worker's job. Start order is the declaration order below."""
+    """A process's job: a worker's role (start order is the declaration order below) or the
+    router. Written and formatted as its value (``f"{role}"`` is ``decode``)."""
 
     ENCODER = "encoder"
     PREFILL = "prefill"
     DECODE = "decode"
     COLOCATED = "colocated"
+    ROUTER = "router"  # the router process: no topology role
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 ROLE_ORDER = (Role.ENCODER, Role.PREFILL, Role.DECODE, Role.COLOCATED)
@@ -30,6 +39,7 @@ class Nic:
     kind: str  # ib | roce | eth
     ip: str | None = None
     speed_gbps: float | None = None
+    port: int | None = None  # the HCA port the engines use (default 1: Mooncake's MC_IB_PORT, NCCL's :1)
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,8 @@ class Settings:
     env: dict[str, str] = field(default_factory=dict)
     args_src: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (YAML path of an args key, its tokens)
     cpus: tuple[int, ...] | None = None  # embedded runtime: the CPU ids the worker pins itself to
+    startup_timeout: float | None = None  # seconds to become healthy; None: scaled with the weights
+    container: Container | None = None  # runs inside this container (None: bare on the node)
 
     @property
     def gpus(self) -> int:
@@ -118,12 +130,36 @@ class Node:
 
 
 @dataclass(frozen=True)
+class HubRef:
+    """``hf: ORG/NAME[@REVISION]``: a Hugging Face hub repository at a branch, tag or commit."""
+
+    repo: str
+    revision: str = "main"
+
+    def __str__(self) -> str:
+        return f"{self.repo}@{self.revision}"
+
+
+@dataclass(frozen=True)
 class Model:
+    """The weights. ``path`` is what the engines get: the staged copy when ``stage`` is set, else
+    the snapshot in ``cache`` (``hf:``) or the folder the topology names. ``origin`` is where the
+    weights are read from (the folder, or the snapshot); ``cache`` is HF_HOME, on shared storage."""
+
     path: str
     served_name: str
     dtype: str | None = None
     architecture: str | None = None
     trust_remote_code: bool = False
+    hub: HubRef | None = None
+    cache: str | None = None
+    stage: str | None = None
+    origin: str = ""
+
+    @property
+    def source(self) -> str:
+        """How the topology names the weights: ``hf:ORG/NAME@REV`` or the folder."""
+        return f"hf:{self.hub}" if self.hub else (self.origin or self.path)
 
 
 @dataclass(frozen=True)
@@ -135,6 +171,7 @@ class Transfer:
     rdma: str = "nics"  # nics: RDMA over declared ib/roce NICs (TCP if none) | auto: SGLang finds them | off
     nics: tuple[str, ...] | None = None
     ec_storage_path: str | None = None
+    store: str | None = None  # shared-storage: the store directory (default: /tmp/epdctl-store/NAME)
 
 
 @dataclass(frozen=True)
@@ -168,6 +205,14 @@ class Ports:
 
 
 @dataclass(frozen=True)
+class AnswerCheck:
+    """``check:``: the user's questions with expected answers, asked before `up` says ready."""
+
+    answers: str              # JSONL file, absolute
+    min_correct: float = 1.0  # share of answers that must be right
+
+
+@dataclass(frozen=True)
 class Topology:
     name: str
     model: Model
@@ -180,14 +225,28 @@ class Topology:
     slurm: Slurm | None
     ports: Ports
     python: str = "python3"
-    in_place: bool = False  # rebalance.in_place: start workers switchable (epdctl/topology/inplace.py)
+    engine_version: str | None = None  # engine.version: the release (default: the engine's default record)
+    engine_venv: str | None = None  # engine.venv: the engine's virtual environment on every node
+    engine_python: str | None = None  # engine.python: the engine's interpreter on every node
+    engine_device: str | None = None  # engine.device: the record's device form (SGLang: cuda | cpu)
+    in_place: bool = True  # rebalance.in_place: start workers switchable where the engine can (Engine.switch)
     limits: Limits = field(default_factory=Limits)
     source: Path | None = None
     restart: dict[str, Any] = field(default_factory=dict, compare=False)  # role -> RestartPolicy
+    check: AnswerCheck | None = None
     lines: dict[str, int] = field(default_factory=dict, repr=False, compare=False)
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
+
+    @property
+    def engine_interpreter(self) -> str:
+        """The Python that runs the engine on the nodes: engine.python, engine.venv's, else ``python``."""
+        if self.engine_python:
+            return self.engine_python
+        if self.engine_venv:
+            return f"{self.engine_venv.rstrip('/')}/bin/python"
+        return self.python
 
     def role_workers(self, role: Role) -> tuple[Worker, ...]:
         return tuple(w for w in self.workers if w.role is role)

@@ -15,7 +15,7 @@ MAX_GPU_ID = MAX_GPUS_PER_NODE - 1
 
 
 def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]],
-               defaults: dict[str, Any], engine: str | None,
+               defaults: dict[str, Any], uses_gpus: bool,
                counted: dict[str, tuple[str, ...]] | None = None) -> tuple[Worker, ...]:
     """Every worker of every role, in start order; ``counted``: role -> nodes synthesized from its count."""
     raw = top.get("roles")
@@ -32,7 +32,7 @@ def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_laye
         path = f"roles.{role.value}"
         m = r.mapping(roles[role.value], path, ROLE_KEYS, f"role {role.value}")
         if m is not None:
-            workers.extend(_role_workers(r, role, m, path, nodes, node_layers, defaults, engine,
+            workers.extend(_role_workers(r, role, m, path, nodes, node_layers, defaults, uses_gpus,
                                          (counted or {}).get(role.value)))
     rejected = any(isinstance(v, dict) and _is_count(v.get("nodes")) and role not in (counted or {})
                    for role, v in roles.items())  # already reported at roles.<role>.nodes
@@ -40,7 +40,7 @@ def read_roles(r: Reader, top: dict[str, Any], nodes: dict[str, Node], node_laye
     if not workers and not rejected and not explained:
         r.problem("roles", "no workers: define roles.prefill and roles.decode (plus roles.encoder for images), "
                            "or roles.colocated")
-    _assign_gpus(r, workers, nodes, engine)
+    _assign_gpus(r, workers, nodes, uses_gpus)
     return tuple(workers)
 
 
@@ -63,7 +63,7 @@ def _node_list(r: Reader, m: dict[str, Any], path: str, key: str, nodes: dict[st
 
 def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: dict[str, Node],
                   node_layers: dict[str, dict[str, Any]], defaults: dict[str, Any],
-                  engine: str | None, counted: tuple[str, ...] | None) -> list[Worker]:
+                  uses_gpus: bool, counted: tuple[str, ...] | None) -> list[Worker]:
     role_layer = read_settings(r, m, path, SETTING_KEYS)
     if counted is not None:
         role_nodes: list[str] | None = list(counted)
@@ -74,7 +74,7 @@ def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: di
     count = r.get(m, path, "count", "int", minimum=0, maximum=MAX_COUNT)
     explicit = m.get("workers")
     if count is None and explicit is None and role_nodes and counted is not None:
-        count = _workers_filling(role_nodes, nodes, merge_settings(defaults, role_layer), engine)
+        count = _workers_filling(role_nodes, nodes, merge_settings(defaults, role_layer), uses_gpus)
     if count is not None and explicit is not None:
         r.problem(join(path, "count"), "give either count (spread over the role's nodes) or a workers list, not both")
         return []
@@ -89,7 +89,7 @@ def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: di
             if w is None:
                 continue
             worker = _explicit_worker(r, role, len(out), w, wpath, role_nodes, nodes, node_layers, defaults,
-                                      role_layer, engine)
+                                      role_layer, uses_gpus)
             if worker is not None:
                 out.append(worker)
         return out
@@ -101,7 +101,7 @@ def _role_workers(r: Reader, role: Role, m: dict[str, Any], path: str, nodes: di
             r.problem(path, f"role {role.value} has count but no nodes: list the nodes to spread it over")
         return []
     base = merge_settings(defaults, role_layer)
-    g = 0 if engine == "embedded" else base.gpus
+    g = base.gpus if uses_gpus else 0
     gpus = [nodes[n].gpus for n in role_nodes]
     if g == 0 or all(x >= g for x in gpus):
         groups = [[role_nodes[i % len(role_nodes)]] for i in range(count)]
@@ -128,9 +128,9 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _workers_filling(role_nodes: list[str], nodes: dict[str, Node], base: Settings, engine: str | None) -> int:
+def _workers_filling(role_nodes: list[str], nodes: dict[str, Node], base: Settings, uses_gpus: bool) -> int:
     """Default count for ``nodes: N`` without count: as many workers as fill the N nodes (at least one)."""
-    g = 0 if engine == "embedded" else base.gpus
+    g = base.gpus if uses_gpus else 0
     per = nodes[role_nodes[0]].gpus
     if g == 0 or per == 0 or g <= per:
         return len(role_nodes)
@@ -139,7 +139,7 @@ def _workers_filling(role_nodes: list[str], nodes: dict[str, Node], base: Settin
 
 def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath: str, role_nodes: list[str] | None,
                      nodes: dict[str, Node], node_layers: dict[str, dict[str, Any]], defaults: dict[str, Any],
-                     role_layer: dict[str, Any], engine: str | None) -> Worker | None:
+                     role_layer: dict[str, Any], uses_gpus: bool) -> Worker | None:
     if w.get("node") is not None and w.get("nodes") is not None:
         r.problem(wpath, "give node (one machine) or nodes (a multi-node worker), not both")
         return None
@@ -161,7 +161,7 @@ def _explicit_worker(r: Reader, role: Role, index: int, w: dict[str, Any], wpath
                        "transfer_port")}
     worker = Worker(role=role, index=index, nodes=tuple(names), settings=settings, path=wpath, **ports,
                     **_explicit_gpus(r, w, wpath, settings), own_env=r.env(w, wpath) if "env" in w else {})
-    g = 0 if engine == "embedded" else settings.gpus
+    g = settings.gpus if uses_gpus else 0
     if len(names) > 1:
         per_node = [nodes[n].gpus for n in names]
         if g == 0 or g % len(names) or any(g // len(names) > x for x in per_node):
@@ -200,7 +200,7 @@ def _explicit_gpus(r: Reader, w: dict[str, Any], wpath: str, settings: Settings)
     return {"base_gpu_id": base, "gpu_ids": ids}
 
 
-def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engine: str | None) -> None:
+def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], uses_gpus: bool) -> None:
     """Give each worker GPUs on each of its nodes: explicit ones (base_gpu_id, gpu_ids) first, then the
     lowest free consecutive block in start order; report overlaps and nodes whose GPUs run out."""
     used: dict[str, list[tuple[str, int, str]]] = {}
@@ -219,7 +219,7 @@ def _assign_gpus(r: Reader, workers: list[Worker], nodes: dict[str, Node], engin
 
     explicit = [w for w in workers if w.base_gpu_id is not None or w.gpu_ids]
     for w in explicit + [w for w in workers if w not in explicit]:
-        per = 0 if engine == "embedded" else w.settings.gpus // len(w.nodes)
+        per = w.settings.gpus // len(w.nodes) if uses_gpus else 0
         bases[w.name] = []
         for n in w.nodes:
             slots = used.setdefault(n, [])

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from epdctl.topology.inplace import switchable
-from epdctl.topology.model import Role, Router, Topology, Worker
-
-SGLANG_DIST_INIT_BLOCK = 8  # SGLang derives ZMQ ports from dist_init_port .. +6, plus the NCCL port
+from epdctl.engines.registry import engine_of
+from epdctl.topology.model import Router, Topology, Worker
 
 
 @dataclass
@@ -21,24 +19,6 @@ class PortPlan:
     workers: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
     router: dict[str, int] = field(default_factory=dict)
     problems: list[tuple[str, str]] = field(default_factory=list)
-
-
-def _needs(topo: Topology, w: Worker, rank: int) -> list[tuple[str, int]]:
-    """(label, how many consecutive ports) this worker needs on the node of ``rank``."""
-    out = [("http", 1)]
-    if rank == 0 and w.role is Role.PREFILL and topo.engine in ("sglang", "embedded"):
-        out.append(("bootstrap", 1))
-        if topo.engine == "embedded" or topo.has_encoders:
-            out.append(("encoder_bootstrap", 1))
-    elif rank == 0 and w.role is Role.DECODE and topo.engine == "sglang" and switchable(topo, w):
-        out.append(("bootstrap", 1))  # SGLang's role switch starts the bootstrap server on decodes too
-    if rank == 0 and len(w.nodes) > 1:
-        out.append(("dist_init", SGLANG_DIST_INIT_BLOCK if topo.engine == "sglang" else 1))
-    if topo.engine == "vllm" and w.role in (Role.PREFILL, Role.DECODE):
-        out.append(("side_channel", w.settings.dp))  # NIXL adds dp_rank to the side-channel port
-    if topo.engine == "embedded" and w.role is not Role.COLOCATED:
-        out.append(("transfer", 1))  # the runtime's ZMQ (or Mooncake control) transfer endpoint
-    return out
 
 
 LATE = ("transfer",)  # allocated after every other port, so adding them moved no existing port
@@ -52,6 +32,7 @@ def _explicit(w: Worker, label: str) -> int | None:
 def plan_ports(topo: Topology) -> PortPlan:
     """Assign every port; report collisions and exhausted ranges."""
     plan = PortPlan()
+    engine = engine_of(topo)
     taken: dict[str, dict[int, str]] = {n.name: {} for n in topo.nodes}  # node -> port -> owner
     limit = topo.ports.limit or 65535
 
@@ -72,7 +53,7 @@ def plan_ports(topo: Topology) -> PortPlan:
         for rank, node in enumerate(w.nodes):
             key = (w.name, rank)
             plan.workers[key] = {}
-            for label, size in _needs(topo, w, rank):
+            for label, size in engine.port_needs(topo, w, rank):
                 # an explicit HTTP port is every rank's (published multi-node commands give all
                 # ranks the same --port); bootstrap and dist-init ports live on rank 0 only
                 fixed = _explicit(w, label) if rank == 0 or label == "http" else None

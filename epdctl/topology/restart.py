@@ -6,6 +6,7 @@ The whole schema addition is this one optional top-level block::
       policy: on-failure      # never | on-failure | always
       limit: 5                # restarts in a row (a run of 60 s or more resets the count)
       backoff: 1.0            # seconds before the first restart; doubles each time, at most 30
+      standby: true           # keep a spare process with its imports done (engines that can)
       router: {policy: never} # per role (encoder, prefill, decode, colocated, router): any key above
 
 A worker is restarted only after it has been healthy once; one that fails while starting is
@@ -21,7 +22,7 @@ from epdctl.topology.reader import Reader
 
 POLICIES = ("never", "on-failure", "always")
 ROLES = ("encoder", "prefill", "decode", "colocated", "router")
-KEYS = ("policy", "limit", "backoff")
+KEYS = ("policy", "limit", "backoff", "standby")
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class RestartPolicy:
     policy: str = "on-failure"
     limit: int = 5
     backoff: float = 1.0
+    standby: bool = True    # a warm spare per worker, where the engine's workers can wait as one
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +40,8 @@ def _one(r: Reader, m: dict[str, Any], path: str, base: RestartPolicy) -> Restar
     return RestartPolicy(
         policy=r.get(m, path, "policy", "str", default=base.policy, choices=POLICIES),
         limit=r.get(m, path, "limit", "int", default=base.limit, minimum=0, maximum=1000),
-        backoff=float(r.get(m, path, "backoff", "float", default=base.backoff)))
+        backoff=float(r.get(m, path, "backoff", "float", default=base.backoff)),
+        standby=bool(r.get(m, path, "standby", "bool", default=base.standby)))
 
 
 def read_restart(r: Reader, top: dict[str, Any]) -> dict[str, RestartPolicy]:

@@ -10,25 +10,33 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from epdctl.engines.registry import ENGINE_NAMES
+from epdctl.launchers.kinds import LAUNCHER_NAMES
+from epdctl.topology import container as container_block
 from epdctl.topology.loader import Document, join
-from epdctl.topology.model import SSH, Model, Nic, Node, Role, Settings
+from epdctl.topology.model import SSH, Nic, Node, Role, Settings
+from epdctl.topology.model_source import DTYPES, MODEL_KEYS, read_model
 from epdctl.topology.reader import Reader
 
-ENGINES = ("sglang", "vllm", "embedded")
-LAUNCHERS = ("local", "ssh", "slurm")
+ENGINES = ENGINE_NAMES
+LAUNCHERS = LAUNCHER_NAMES
 TOP_KEYS = ("name", "model", "engine", "launcher", "python", "defaults", "nodes", "node_defaults", "roles",
             "transfer", "router", "slurm", "ports", "rebalance",
             "limits",   # i14: request limits (epdctl/topology/limits.py)
-            "restart")  # restart policy (epdctl/topology/restart.py)
-MODEL_KEYS = ("path", "served_name", "dtype", "architecture", "trust_remote_code")
+            "restart",  # restart policy (epdctl/topology/restart.py)
+            "startup",  # start-up timeout, the lowest layer of the settings' `startup`
+            "check",    # the answer check `up` runs before it reports ready (epdctl/topology/answers.py)
+            "container")  # the lowest container: layer (epdctl/topology/container.py)
 PARALLEL_KEYS = ("tp", "pp", "dp", "ep", "attention_dp")
 SETTING_KEYS = PARALLEL_KEYS + ("chunked_prefill_size", "page_size", "kv_cache_dtype", "moe_a2a_backend",
                                 "mem_fraction_static", "max_running_requests", "host", "nics", "module", "args",
-                                "env", "cpus")
+                                "env", "cpus", "startup", "container")
+STARTUP_KEYS = ("timeout",)
+MAX_STARTUP_S = 7 * 86400
 NODE_SETTING_KEYS = tuple(k for k in SETTING_KEYS if k not in PARALLEL_KEYS)
 NODE_KEYS = ("name", "host", "gpus", "ssh", "nics", "env", "setup", "port_base", "shared", "defaults")
 SSH_KEYS = ("user", "port", "key", "jump")
-NIC_KEYS = ("name", "kind", "ip", "speed_gbps")
+NIC_KEYS = ("name", "kind", "ip", "speed_gbps", "port")
 NIC_KINDS = ("ib", "roce", "eth")
 ROLE_KEYS = ("nodes", "count", "workers") + SETTING_KEYS
 WORKER_KEYS = ("node", "nodes", "port", "bootstrap_port", "encoder_bootstrap_port", "dist_init_port", "base_gpu_id",
@@ -41,7 +49,7 @@ MAX_PARALLEL = 1024  # GPUs in one worker: far above any real deployment, low en
 MAX_GPUS_PER_NODE = 64
 MAX_COUNT = 1024
 LIMITS = {"chunked_prefill_size": 1 << 24, "page_size": 1 << 16, "max_running_requests": 1 << 20}
-DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
 
 
 def read_settings(r: Reader, m: dict[str, Any], path: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -82,6 +90,10 @@ def read_settings(r: Reader, m: dict[str, Any], path: str, keys: tuple[str, ...]
         out["env"] = r.env(m, path)
     if "cpus" in keys and m.get("cpus") is not None:
         out["cpus"] = read_cpus(r, m["cpus"], join(path, "cpus"))
+    if "startup" in keys and m.get("startup") is not None:
+        out["startup_timeout"] = read_startup(r, m["startup"], join(path, "startup"))
+    if "container" in keys and "container" in m and m["container"] is not None:
+        out["container"] = [container_block.read_layer(r, m["container"], join(path, "container"))]
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -100,15 +112,28 @@ def read_cpus(r: Reader, value: Any, path: str) -> tuple[int, ...] | None:
     return tuple(sorted(set(ids)))
 
 
+def read_startup(r: Reader, value: Any, path: str) -> float | None:
+    """``startup: {timeout: S}``: seconds a worker may take to become healthy (weights loaded,
+    graphs captured); default: scaled with the weights' size (epdctl/orchestrate/startup.py)."""
+    m = r.mapping(value, path, STARTUP_KEYS, "startup (timeout: SECONDS)")
+    if m is None:
+        return None
+    v = r.get(m, path, "timeout", "float", minimum=1, maximum=MAX_STARTUP_S)
+    return float(v) if v is not None else None
+
+
 def merge_settings(*layers: dict[str, Any]) -> Settings:
     """Apply layers lowest first: env merges, args concatenate, the rest is replaced."""
     merged: dict[str, Any] = {}
     env: dict[str, str] = {}
     args: list[str] = []
     src: list[tuple[str, tuple[str, ...]]] = []
+    containers: list[dict[str, Any]] = []
     for layer in layers:
         for key, value in layer.items():
-            if key == "env":
+            if key == "container":
+                containers.extend(value)
+            elif key == "env":
                 env.update(value)
             elif key == "args":
                 args.extend(value)
@@ -120,24 +145,8 @@ def merge_settings(*layers: dict[str, Any]) -> Settings:
         # SGLang's deprecated idiom `--dp-size N --enable-dp-attention` is attention_dp N (validate warns)
         merged["attention_dp"], merged["dp"] = merged["dp"], 1
         args = [a for a in args if a != "--enable-dp-attention"]
-    return Settings(**merged, env=env, args=tuple(args), args_src=tuple(src))
-
-
-def read_model(r: Reader, top: dict[str, Any]) -> Model | None:
-    m = r.mapping(top.get("model"), "model", MODEL_KEYS, "model") if "model" in top else None
-    if "model" not in top:
-        r.problem("", "missing required key 'model' (path, served_name, dtype, architecture)")
-    if m is None:
-        return None
-    path = r.get(m, "model", "path", "str", required=True)
-    served = r.get(m, "model", "served_name", "str")
-    if path is None:
-        return None
-    # SGLang and vLLM name the model by the full --model-path when no served name is given
-    return Model(path=path, served_name=served or path,
-                 dtype=r.get(m, "model", "dtype", "str", choices=DTYPES),
-                 architecture=r.get(m, "model", "architecture", "str"),
-                 trust_remote_code=r.get(m, "model", "trust_remote_code", "bool", default=False))
+    return Settings(**merged, env=env, args=tuple(args), args_src=tuple(src),
+                    container=container_block.merge(containers))
 
 
 def read_nodes(r: Reader, top: dict[str, Any], *, required: bool = True
@@ -208,7 +217,8 @@ def read_nics(r: Reader, m: dict[str, Any], path: str) -> tuple[Nic, ...]:
         kind = r.get(n, npath, "kind", "str", default="eth", choices=NIC_KINDS)
         if name is not None:
             out.append(Nic(name=name, kind=kind, ip=r.get(n, npath, "ip", "str"),
-                           speed_gbps=r.get(n, npath, "speed_gbps", "float", minimum=0)))
+                           speed_gbps=r.get(n, npath, "speed_gbps", "float", minimum=0),
+                           port=r.get(n, npath, "port", "int", minimum=1)))
     return tuple(out)
 
 
@@ -222,4 +232,4 @@ def top_level(r: Reader, doc: Document) -> dict[str, Any] | None:
     return r.mapping(doc.data, "", TOP_KEYS + anchors, "the topology")
 
 
-__all__ = ["ENGINES", "LAUNCHERS", "Role", "read_settings", "merge_settings"]
+__all__ = ["ENGINES", "LAUNCHERS", "MODEL_KEYS", "Role", "read_model", "read_settings", "merge_settings"]

@@ -11,12 +11,16 @@ from typing import Any
 from epdctl.topology.model import Ports, Router, Slurm, Transfer
 from epdctl.topology.reader import ENV_NAME, Reader
 
-TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path", "rdma")
+TRANSFER_KEYS = ("backend", "embeddings", "nics", "ec_storage_path", "store", "rdma")
 TRANSFER_RDMA = ("nics", "auto", "off")
-TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl")
+# shared-storage: vLLM's ExampleConnector (KV) and ECExampleConnector (embeddings) through files in
+# a store directory epdctl creates and removes (transfer.store); runs without GPUs or RDMA
+TRANSFER_BACKENDS = ("zmq", "mooncake", "nixl", "shared-storage")
+ENGINE_KEYS = ("name", "version", "venv", "python", "device")
+ENGINE_DEVICES = ("cuda", "cpu")  # engine.device values some record answers to (engine_for checks the pair)
 ROUTER_KEYS = ("node", "host", "port", "prometheus_host", "prometheus_port", "api_key_env", "implementation",
                "policy", "args")
-ROUTER_IMPLS = ("smg", "sglang-router", "mini_lb")
+ROUTER_IMPLS = ("smg", "sglang-router", "mini_lb", "epdctl-epd")
 ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
 SLURM_KEYS = ("partition", "account", "time", "gpus_per_node", "qos", "constraint", "extra")
 PORTS_KEYS = ("base", "limit")
@@ -33,7 +37,30 @@ def read_transfer(r: Reader, top: dict[str, Any]) -> Transfer:
                     embeddings=r.get(m, "transfer", "embeddings", "str", choices=("zmq", "mooncake")),
                     rdma=r.get(m, "transfer", "rdma", "str", default="nics", choices=TRANSFER_RDMA),
                     nics=r.get(m, "transfer", "nics", "strlist"),
-                    ec_storage_path=r.get(m, "transfer", "ec_storage_path", "str"))
+                    ec_storage_path=r.get(m, "transfer", "ec_storage_path", "str"),
+                    store=r.get(m, "transfer", "store", "str"))
+
+
+def read_engine(r: Reader, top: dict[str, Any], names: tuple[str, ...]
+                ) -> tuple[str | None, str | None, str | None, str | None, str | None]:
+    """``engine: NAME`` or ``engine: {name, version, venv, python, device}``: (name, version, venv,
+    python, device)."""
+    value = top.get("engine")
+    if not isinstance(value, dict):
+        return r.get(top, "", "engine", "str", required=True, choices=names), None, None, None, None
+    m = r.mapping(value, "engine", ENGINE_KEYS, "engine")
+    if m is None:
+        return None, None, None, None, None
+    name = r.get(m, "engine", "name", "str", required=True, choices=names)
+    venv, python = r.get(m, "engine", "venv", "str"), r.get(m, "engine", "python", "str")
+    for key, v in (("venv", venv), ("python", python)):
+        if v is not None and not v.startswith(("/", "./", "../")):
+            r.problem(f"engine.{key}", f"engine.{key} must be an absolute path on the nodes (or ./ ../ from the "
+                                       f"topology file), got {v!r}")
+    if venv is not None and python is not None:
+        r.problem("engine", "engine.venv and engine.python both name the engine's interpreter: keep one")
+    return (name, r.get(m, "engine", "version", "str"), venv, python,
+            r.get(m, "engine", "device", "str", choices=ENGINE_DEVICES))
 
 
 def read_router(r: Reader, top: dict[str, Any]) -> Router | None:
@@ -93,6 +120,7 @@ def read_ports(r: Reader, top: dict[str, Any]) -> Ports:
 
 
 def read_in_place(r: Reader, top: dict[str, Any]) -> bool:
-    """``rebalance: {in_place: true}``: start workers switchable (a move keeps the model loaded)."""
+    """``rebalance: {in_place: ...}``: start workers switchable where the engine can (a move
+    keeps the model loaded); on by default, ``false`` makes every move a restart."""
     m = r.section(top, "rebalance", REBALANCE_KEYS)
-    return bool(m and r.get(m, "rebalance", "in_place", "bool", default=False))
+    return bool(r.get(m, "rebalance", "in_place", "bool", default=True)) if m else True

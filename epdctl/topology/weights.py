@@ -13,7 +13,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from epdctl.topology.inplace import switchable
+from epdctl.engines.registry import engine_of
 from epdctl.topology.model import Role, Topology
 
 VISION_MARKERS = ("visual.", "vision_tower.", "vision_model.")
@@ -58,13 +58,13 @@ def _mib(n: int) -> str:
 
 def switchable_memory(topo: Topology) -> list[str]:
     """One line per role of switchable workers: what each holds, against its role alone."""
-    workers = [w for w in topo.workers if switchable(topo, w)]
+    engine = engine_of(topo)
+    workers = [w for w in topo.workers if engine.switchable(topo, w)]
     if not workers:
         return []
-    if topo.engine == "sglang":
-        return [f"in place: {len(workers)} prefill/decode worker(s) start --enable-pd-role-switch: same "
-                "weights in both roles; SGLang sizes the request pool for decode and starts a bootstrap "
-                "server on every instance"]
+    said = engine.switch_memory(topo, workers)
+    if said is not None:
+        return said
     split = read_split(topo.model.path)
     if split is None:
         return [f"in place: {len(workers)} switchable worker(s) hold vision tower + language model "

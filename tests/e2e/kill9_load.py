@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_restart_local import Load  # noqa: E402
+from test_restart_local import Load
 
 AFTER = 5   # requests that must succeed after the service is back
 

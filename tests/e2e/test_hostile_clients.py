@@ -88,12 +88,14 @@ def _post_early_answer(url: str, data: bytes, timeout: float = 120) -> tuple[int
 
 def _rss(cluster: Cluster) -> dict[str, int]:
     """Per recorded process, the RSS of the worker itself: the recorded pid is its supervisor
-    (launchers/supervise.py, ~20 MiB of Python), so its descendants are counted too."""
+    (node/supervise.py, ~20 MiB of Python), so its descendants are counted too, except the
+    warm spare the supervisor keeps (started with EPDCTL_STANDBY_FD, it serves nothing)."""
     out = {}
     for p in cluster.state()["processes"]:
         try:
             lead = psutil.Process(p["handle"]["pid"])
-            tree = [lead, *lead.children(recursive=True)]
+            tree = [lead, *(q for q in lead.children(recursive=True)
+                            if "EPDCTL_STANDBY_FD" not in q.environ())]
             assert len(tree) > 1, f"{p['name']}: supervisor without its worker"
             out[p["name"]] = sum(q.memory_info().rss for q in tree)
         except psutil.NoSuchProcess:

@@ -1,6 +1,6 @@
 """`rebalance --auto --apply` on a live cluster whose load changes shape, with clients throughout.
 
-A 1-encoder / 1-prefill / 2-decode embedded cluster with ``rebalance: {in_place: true}`` (ports
+A 1-encoder / 1-prefill / 2-decode embedded cluster, switchable by default (ports
 38400-38499) is started with `epdctl up`. Six client loops send through the router: 40 s of
 images-heavy requests (16 never-seen images each, 8 tokens), then 40 s of text-only requests
 (64 tokens). Beside them `epdctl rebalance --auto --apply` samples every 2 s (utilisation over
@@ -48,7 +48,7 @@ def settled(c: Live, enc: int, pre: int, dec: int, settle: float = 30.0) -> None
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("auto")
-    yield from live_cluster(tmp, topology(tmp, "rb-auto", BASE, rebalance={"in_place": True}))
+    yield from live_cluster(tmp, topology(tmp, "rb-auto", BASE))
 
 
 def test_auto_moves_toward_the_encoder_under_images_and_back_under_text(live: Live,

@@ -1,7 +1,7 @@
 """In-place rebalance on a real local cluster: an encoder becomes a decode and back without a
 restart, while a client keeps sending requests whose answers must not change.
 
-A 1-encoder / 1-prefill / 2-decode embedded cluster with ``rebalance: {in_place: true}`` (ports
+A 1-encoder / 1-prefill / 2-decode embedded cluster, started switchable by default (no ``rebalance`` key; ports
 38200-38299) is started with `epdctl up`. A fixed set of multi-image requests is answered once
 (greedy, one client, so no batching can change a token); then a client cycles through the same
 requests the whole time `rebalance --encoder +1 --from decode --yes` and `rebalance --decode +1
@@ -31,7 +31,7 @@ BASE = 38200
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("inplace")
-    yield from live_cluster(tmp, topology(tmp, "rb-inplace", BASE, rebalance={"in_place": True}))
+    yield from live_cluster(tmp, topology(tmp, "rb-inplace", BASE))
 
 
 REQUESTS = [shapes.make_request(random.Random(seed), 2 + seed % 3, plain=True) for seed in range(6)]

@@ -24,15 +24,12 @@ import psutil
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest_ssh import sshd  # noqa: F401  (fixture)
+from slurm_cluster import slurm_cluster
+from test_rebalance_live import Client
 
-from conftest_ssh import sshd  # noqa: E402,F401  (fixture)
-from slurm_cluster import slurm_cluster  # noqa: E402
-from test_rebalance_live import Client  # noqa: E402
-
-from epdctl.probes import http  # noqa: E402
-from epdctl.slurm import jobs  # noqa: E402
+from epdctl.http.probes import http
+from epdctl.launchers.slurm import jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = str(ROOT / "models" / "tiny-qwen2vl")

@@ -27,7 +27,7 @@ import yaml
 
 from epdctl import shapes
 from epdctl.canary import build_messages
-from epdctl.probes import http
+from epdctl.http.probes import http
 from epdctl.rebalance.execute import INJECT_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +101,8 @@ def live_cluster(tmp: Path, path: Path) -> Iterator[Live]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("rebalance")
-    yield from live_cluster(tmp, topology(tmp))
+    # the restart path (stop, start, load, ready) and its rollback: in place is the default
+    yield from live_cluster(tmp, topology(tmp, rebalance={"in_place": False}))
 
 
 @dataclass

@@ -28,8 +28,7 @@ import yaml
 
 from epdctl import shapes
 
-sys.path.insert(0, str(Path(__file__).parent))
-from own_cluster import local_copy  # noqa: E402
+from own_cluster import local_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = 36300

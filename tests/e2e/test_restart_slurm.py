@@ -21,13 +21,10 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kill9_load import kill_under_load
+from slurm_cluster import SlurmCluster, slurm_cluster
 
-from kill9_load import kill_under_load  # noqa: E402
-from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
-
-from epdctl.slurm import jobs  # noqa: E402
+from epdctl.launchers.slurm import jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "topologies" / "slurm-local.yaml"

@@ -20,13 +20,10 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest_ssh import sshd  # noqa: E402,F401  (fixture)
-from kill9_load import kill_under_load  # noqa: E402
-from sshd_nodes import SshdNodes  # noqa: E402
-from test_ssh_cluster import ssh_test_topology  # noqa: E402
+from conftest_ssh import sshd  # noqa: F401  (fixture)
+from kill9_load import kill_under_load
+from sshd_nodes import SshdNodes
+from test_ssh_cluster import ssh_test_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = "ssh-3node"

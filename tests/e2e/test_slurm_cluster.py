@@ -22,14 +22,12 @@ from typing import Iterator
 import psutil
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slurm_cluster import SlurmCluster, slurm_cluster
 
-from slurm_cluster import SlurmCluster, slurm_cluster  # noqa: E402
-
-from epdctl.probes import http  # noqa: E402
-from epdctl.slurm import jobs, steps  # noqa: E402
-from epdctl.state import ClusterDir  # noqa: E402
-from epdctl.topology import load_topology  # noqa: E402
+from epdctl.http.probes import http
+from epdctl.launchers.slurm import jobs, steps
+from epdctl.state.store import ClusterDir
+from epdctl.topology import load_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topologies" / "slurm-local.yaml"
@@ -72,6 +70,8 @@ def test_up_inside_an_allocation_answer_status_down(cluster: SlurmCluster, tmp_p
     try:
         up = _cli("up", str(TOPOLOGY), "--no-canary", "--timeout", "600", env=env)
         assert up.returncode == 0, up.stdout + up.stderr
+        assert f"running inside SLURM allocation {job} ($SLURM_JOB_ID)" in up.stdout, up.stdout
+        assert f"  SLURM job: {job}  (squeue -j {job}; sacct -j {job})" in up.stdout.splitlines(), up.stdout
         rec = cdir.load()
         assert rec is not None and rec.phase == "running" and rec.launcher == "slurm"
         assert {p.handle.job for p in rec.processes if p.handle} == {job}
@@ -95,6 +95,9 @@ def test_up_inside_an_allocation_answer_status_down(cluster: SlurmCluster, tmp_p
         view = json.loads(st.stdout)
         assert view["launcher"] == "slurm" and view["healthy"] is True
         assert {w["name"] for w in view["workers"]} == {"encoder-0", "prefill-0", "decode-0", "router"}
+        assert view["allocation"] == {"job": job, "state": "RUNNING", "detail": "", "owned": False}
+        text = _cli("status", topo.name, env=env)
+        assert f"  SLURM job {job} (RUNNING, adopted: its owner ends it)" in text.stdout.splitlines(), text.stdout
 
         lg = _cli("logs", "prefill-0", "-c", topo.name, "-n", "200", env=env)
         assert lg.returncode == 0 and "epdctl: starting prefill-0 on node2" in lg.stdout

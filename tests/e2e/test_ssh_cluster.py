@@ -28,17 +28,15 @@ import psutil
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest_ssh import sshd  # noqa: F401  (fixture)
+from sshd_nodes import SshdNodes, keygen
 
-from conftest_ssh import sshd  # noqa: E402,F401  (fixture)
-from sshd_nodes import SshdNodes, keygen  # noqa: E402
-
-from epdctl import shapes  # noqa: E402
-from epdctl.errors import LaunchError  # noqa: E402
-from epdctl.launchers.lifecycle import BringUp  # noqa: E402
-from epdctl.launchers.ssh import SSHLauncher  # noqa: E402
-from epdctl.probes import http  # noqa: E402
-from epdctl.state import ClusterDir, ClusterState  # noqa: E402
+from epdctl import shapes
+from epdctl.errors import LaunchError
+from epdctl.orchestrate.lifecycle import BringUp
+from epdctl.launchers.ssh import SSHLauncher
+from epdctl.http.probes import http
+from epdctl.state.store import ClusterDir, ClusterState
 
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topologies" / "ssh-3node.yaml"

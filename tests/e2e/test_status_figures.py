@@ -18,8 +18,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).parent))
-from own_cluster import local_copy  # noqa: E402
+from own_cluster import local_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = 30000

@@ -195,7 +195,7 @@ env SGLANG_ENCODER_MAX_BATCH_SIZE=16 \
 # ===== node p0 =====
 
 # router: http://10.0.0.11:8000 (metrics on port 29000), API key from $EPD_ROUTER_API_KEY
-python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
+python3 -m epdctl.node.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --pd-disaggregation \
     --prefill http://10.0.0.11:30000 30001 \
     --prefill http://10.0.0.11:30003 30004 \

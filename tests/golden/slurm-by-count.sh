@@ -11,7 +11,8 @@ python3 -m epdctl.runtime encoder \
     --host encoder-n0.slurm \
     --port 37100 \
     --transport zmq \
-    --transfer-port 37103
+    --transfer-port 37103 \
+    --switchable
 
 # ===== node prefill-n0 =====
 
@@ -25,7 +26,8 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 37202 \
     --encoder-urls http://encoder-n0.slurm:37100 \
     --transport zmq \
-    --transfer-port 37203
+    --transfer-port 37203 \
+    --switchable
 
 # ===== node prefill-n1 =====
 
@@ -39,7 +41,8 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 37302 \
     --encoder-urls http://encoder-n0.slurm:37100 \
     --transport zmq \
-    --transfer-port 37303
+    --transfer-port 37303 \
+    --switchable
 
 # ===== node decode-n0 =====
 
@@ -50,7 +53,8 @@ python3 -m epdctl.runtime decode \
     --host decode-n0.slurm \
     --port 37400 \
     --transport zmq \
-    --transfer-port 37401
+    --transfer-port 37401 \
+    --switchable
 
 # ===== node encoder-n0 =====
 

@@ -11,7 +11,8 @@ python3 -m epdctl.runtime encoder \
     --host n0.slurm \
     --port 37100 \
     --transport zmq \
-    --transfer-port 37103
+    --transfer-port 37103 \
+    --switchable
 
 # ===== node n1 =====
 
@@ -25,7 +26,8 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 37202 \
     --encoder-urls http://n0.slurm:37100 \
     --transport zmq \
-    --transfer-port 37203
+    --transfer-port 37203 \
+    --switchable
 
 # ===== node n2 =====
 
@@ -36,7 +38,8 @@ python3 -m epdctl.runtime decode \
     --host n2.slurm \
     --port 37300 \
     --transport zmq \
-    --transfer-port 37301
+    --transfer-port 37301 \
+    --switchable
 
 # ===== node n0 =====
 

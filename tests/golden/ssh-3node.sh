@@ -12,7 +12,8 @@ python3 -m epdctl.runtime encoder \
     --host 127.0.0.2 \
     --port 35100 \
     --transport zmq \
-    --transfer-port 35103
+    --transfer-port 35103 \
+    --switchable
 
 # ===== node node-b =====
 source ~/epdctl/.venv/bin/activate
@@ -27,7 +28,8 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 35102 \
     --encoder-urls http://127.0.0.2:35100 \
     --transport zmq \
-    --transfer-port 35103
+    --transfer-port 35103 \
+    --switchable
 
 # ===== node node-c =====
 source ~/epdctl/.venv/bin/activate
@@ -39,7 +41,8 @@ python3 -m epdctl.runtime decode \
     --host 127.0.0.4 \
     --port 35100 \
     --transport zmq \
-    --transfer-port 35101
+    --transfer-port 35101 \
+    --switchable
 
 # ===== node node-a =====
 

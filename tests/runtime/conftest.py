@@ -1,32 +1,21 @@
-"""Fixtures for runtime tests: a tiny random Qwen2-VL checkpoint built offline once per session,
-and a bundle loaded from it (colocated: both halves of the model).
+"""The runtime tests' shared helpers, re-exported for ``from conftest import ...``; they live in
+tiny_model (a plain module). The tiny checkpoint, bundle and images fixtures are in tests/conftest.py
+(the lab's benchmark tests use them too).
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-# helpers live in tiny_model (a plain module); re-exported here for ``from conftest import ...``
-from tiny_model import build_tiny_checkpoint, image_messages, make_image, reference_generate  # noqa: E402,F401
+from tiny_model import build_tiny_checkpoint, image_messages, make_image, reference_generate  # noqa: F401
 
 
-@pytest.fixture(scope="session")
-def tiny_ckpt(tmp_path_factory) -> Path:
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2vl"))
 
+@pytest.fixture
+def fast_hashing():
+    """The fast path's copy-and-hash (fast/native_copy.py) installed for one test, as ``--fast`` does."""
+    from epdctl.runtime import wire
+    from epdctl.runtime.fast.native_copy import NativeCopyHash
 
-@pytest.fixture(scope="session")
-def bundle(tiny_ckpt):
-    from epdctl.runtime.model import load_bundle
-
-    return load_bundle(str(tiny_ckpt), role="colocated")
-
-
-@pytest.fixture(scope="session")
-def images() -> list[bytes]:
-    return [make_image(i) for i in range(10)]
+    wire.use_accelerator(NativeCopyHash())
+    yield
+    wire.use_accelerator(None)

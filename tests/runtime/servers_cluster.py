@@ -38,7 +38,7 @@ def ref_bundle(model_dir):
 @pytest.fixture(scope="module")
 def cluster(model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("logs")
-    m = ["--model-path", str(model_dir)]
+    m = ["--model-path", str(model_dir), "--fast"]  # the fast path (its GC freezing and shm hand-offs are tested here)
     workers = {
         "e0": Worker("encoder", [*m, "--port", str(E0)], logs, "encoder0"),
         "p": Worker("prefill", [*m, "--served-model-name", MODEL, "--port", str(P), "--bootstrap-port", str(PB),

@@ -3,17 +3,11 @@ timed apart from its steady steps, and the summary's ratios are batched over alo
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_decode_batch as bench
 
-import bench_decode_batch as bench  # noqa: E402
-
-from tiny_model import prefilled  # noqa: E402
+from tiny_model import prefilled
 
 
 @pytest.fixture(scope="module")

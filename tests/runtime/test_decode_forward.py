@@ -8,10 +8,10 @@ import torch
 
 from test_engine import prefill_request
 
-from epdctl.runtime import decode_forward, packed_gemm
-from epdctl.runtime.decode_engine import DecodeEngine
+from epdctl.runtime.fast import decode_forward, packed_gemm
+from epdctl.runtime.fast.decode import FastDecodeEngine as DecodeEngine
 from epdctl.runtime.encoder_engine import VisionEncoder
-from epdctl.runtime.native_attention import kernel
+from epdctl.runtime.fast.native_attention import kernel
 from epdctl.runtime.sampling import SamplingParams
 
 needs_native = pytest.mark.skipif(kernel() is None, reason="no C compiler for the native attention")

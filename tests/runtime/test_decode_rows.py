@@ -9,11 +9,12 @@ import torch
 
 from test_engine import prefill_request, run_alone
 
-from epdctl.runtime.decode_engine import DecodeEngine
+from epdctl.runtime.fast.decode import FastDecodeEngine as DecodeEngine
 from epdctl.runtime.encoder_engine import VisionEncoder
 from epdctl.runtime.kv_slots import KVSlots
-from epdctl.runtime import native_attention
-from epdctl.runtime.sampling import SamplingParams, argmax_into
+from epdctl.runtime.fast import native_attention
+from epdctl.runtime.fast.decode import argmax_into
+from epdctl.runtime.sampling import SamplingParams
 
 
 @pytest.fixture

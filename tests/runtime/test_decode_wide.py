@@ -8,9 +8,9 @@ import torch
 
 from test_engine import prefill_request, run_alone
 
-from epdctl.runtime import packed_gemm
-from epdctl.runtime.decode_engine import DecodeEngine
-from epdctl.runtime.decode_threads import POOL_MIN_MACS, StepThreads, macs_per_row
+from epdctl.runtime.fast import packed_gemm
+from epdctl.runtime.fast.decode import FastDecodeEngine as DecodeEngine
+from epdctl.runtime.fast.decode_threads import POOL_MIN_MACS, StepThreads, macs_per_row
 from epdctl.runtime.encoder_engine import VisionEncoder
 from epdctl.runtime.sampling import SamplingParams
 

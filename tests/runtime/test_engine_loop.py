@@ -12,7 +12,6 @@ import asyncio
 import logging
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -24,9 +23,7 @@ from epdctl.runtime.sampling import SamplingParams
 from epdctl.runtime.servers import loop_trace
 from epdctl.runtime.servers.engine_loop import SWITCH_INTERVAL_S, EngineLoop
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from burst_gaps import analyse  # noqa: E402
+from burst_gaps import analyse
 
 TOKENS = 12
 

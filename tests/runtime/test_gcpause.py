@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import gc, json
-    from epdctl.runtime import gcpause
+    from epdctl.runtime.fast import gcpause
     from epdctl.runtime.metrics import Registry
 
     startup = [[i] for i in range(200_000)]           # what a worker loads and keeps (lists: tracked)

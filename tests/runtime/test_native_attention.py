@@ -13,15 +13,15 @@ import torch
 from tiny_model import decode_all, image_messages, reference_generate
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from epdctl.runtime import native_attention, native_build
-from epdctl.runtime.decode_engine import DecodeEngine
+from epdctl.runtime.fast import native_attention, native_build
+from epdctl.runtime.fast.decode import FastDecodeEngine as DecodeEngine, NativeSlotCache
 from epdctl.runtime.encoder_engine import VisionEncoder
 from epdctl.runtime.kv_slots import KVSlots, SlotCache
-from epdctl.runtime.native_attention import RowLengths, attend, kernel
+from epdctl.runtime.fast.native_attention import RowLengths, attend, kernel
 from epdctl.runtime.prefill_engine import LanguagePrefill
 from epdctl.runtime.prompt import build_prompt
 from epdctl.runtime.sampling import SamplingParams
-from epdctl.runtime.slot_attention import slot_attention
+from epdctl.runtime.fast.slot_attention import slot_attention
 
 HAVE_CC = shutil.which("cc") is not None
 
@@ -142,7 +142,7 @@ def test_slot_write_equals_torch_write():
         slots = KVSlots(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32, slots=4, capacity=64)
         for i, length in enumerate((5, 30, 1)):
             slots.add(f"s{i}", [(torch.ones(1, 2, length, 16) * (i + 1),) * 2] * 2, room=8)
-        cache = SlotCache(slots, 3, native)
+        cache = SlotCache(slots, 3) if native is None else NativeSlotCache(slots, 3, native)
         new_k = torch.randn(3, 1, 2, 16, generator=torch.Generator().manual_seed(1)).transpose(1, 2)
         new_v = torch.randn(3, 2, 1, 16, generator=g) if native is None else tables[0][2]
         for layer in range(2):

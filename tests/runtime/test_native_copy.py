@@ -14,12 +14,14 @@ import pytest
 import torch
 import xxhash
 
-from epdctl.runtime import native_build, native_copy
+from epdctl.runtime.fast import native_build, native_copy
 from epdctl.runtime.errors import TransferError
 from epdctl.runtime.transports import parts, spans
 from epdctl.runtime.wire import checksum, describe, layout
 
 from transport_pair import assert_same, with_pair
+
+pytestmark = pytest.mark.usefixtures("fast_hashing")  # the transports here are the fast path's
 
 HAVE_CC = shutil.which("cc") is not None
 
@@ -198,17 +200,3 @@ def test_disabled_or_no_compiler_or_failed_build_falls_back(fresh, monkeypatch, 
     with caplog.at_level(logging.INFO, logger=native_copy.__name__):
         assert native_copy.library() is None
     assert "is not private" in caplog.text
-
-
-def test_the_copy_bench_times_every_variant_and_restores_the_library():
-    """benchmarks/bench_copy_hash.py: each variant timed on a real KV message, the library put back."""
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import bench_copy_hash
-
-    dll = _dll()
-    got = bench_copy_hash.measure(1, 2, 1)
-    assert set(got) == {"numpy copy, then xxhash", "memcpy (no checksum)", "receiver's check", "fused copy + XXH3 (C)"}
-    assert all(0 < best <= median for best, median in got.values())
-    assert native_copy.library() is dll

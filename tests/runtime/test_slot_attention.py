@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from epdctl.runtime.slot_attention import NAME, additive_mask, slot_attention, use_for
+from epdctl.runtime.fast.slot_attention import NAME, slot_attention, use_for
+from epdctl.runtime.kv_slots import additive_mask
 
 
 class _Attn(torch.nn.Module):

@@ -21,6 +21,8 @@ from epdctl.runtime.prefill_engine import PrefillResult
 
 from transport_pair import KINDS, UNREACHABLE, assert_same, sample_tensors, with_pair
 
+pytestmark = pytest.mark.usefixtures("fast_hashing")  # the transports here are the fast path's
+
 
 def test_wire_roundtrip_and_damage_detection():
     tensors = sample_tensors()
@@ -162,7 +164,7 @@ def test_same_host_large_payload_goes_through_shared_memory_and_segments_are_reu
         await a.send(b.address, "s3", {}, big)
         assert_same(big, (await b.recv("s3", 5))[1])
         # one segment for s1, the spare (s2) lent while s1's tensors lived; then s1's comes back
-        assert b._pool.stats == {"segments_created": 2, "segments_reused": 2} and a.stats["shm_sent"] == 3
+        assert b.shm.pool.stats == {"segments_created": 2, "segments_reused": 2} and a.stats["shm_sent"] == 3
 
     with_pair("zmq", fn)
 
@@ -191,17 +193,17 @@ def test_damaged_payload_through_shared_memory_raises_on_both_ends(damage):
 
 
 def test_peer_on_another_host_falls_back_to_the_socket(tmp_path):
-    from epdctl.runtime.transports.shm import SenderMaps
+    from epdctl.runtime.fast.transports.shm import SenderMaps
 
     big = {"x": torch.randn(2**18)}
 
     async def fn(a, b):
-        a._maps = SenderMaps(directory=str(tmp_path))  # this sender's /dev/shm is not the receiver's
+        a.shm.maps = SenderMaps(directory=str(tmp_path))  # this sender's /dev/shm is not the receiver's
         for key in ("h1", "h2"):
             await a.send(b.address, key, {}, big)
             assert torch.equal((await b.recv(key, 5))[1]["x"], big["x"])
-        assert a.stats["shm_sent"] == 0 and a._same_host == {b.address: False}
-        assert not b._leases.open  # the one lease asked for was returned
+        assert a.stats["shm_sent"] == 0 and a.shm.on_host == {b.address: False}
+        assert not b.shm.leases.open  # the one lease asked for was returned
 
     with_pair("zmq", fn)
 
@@ -234,7 +236,7 @@ def test_write_span_equals_pack_then_fill_and_hashes_the_tensors_bytes_in_order(
 
 
 def test_send_buffers_are_reused_by_size():
-    from epdctl.runtime.transports.shm import BufferPool
+    from epdctl.runtime.fast.transports.shm import BufferPool
 
     pool = BufferPool(max_idle_bytes=8 << 20)
     a, b = pool.take(3 << 20), pool.take(100)
@@ -251,9 +253,9 @@ def test_segments_of_a_killed_receiver_are_swept_by_the_next_one():
     import subprocess
     import sys
 
-    from epdctl.runtime.transports import shm
+    from epdctl.runtime.fast.transports import shm
 
-    code = ("import os, sys; from epdctl.runtime.transports.shm import SegmentPool; p = SegmentPool(); "
+    code = ("import os, sys; from epdctl.runtime.fast.transports.shm import SegmentPool; p = SegmentPool(); "
             "s = p.lease(10); print(s.name, flush=True); os._exit(0)")  # dies without closing the pool
     name = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert os.path.exists(os.path.join(shm.SHM_DIR, name))
@@ -269,7 +271,7 @@ def test_segments_of_a_killed_receiver_are_swept_by_the_next_one():
 def test_segments_of_8_to_24_mib_rotate_among_four():
     """Each spare is then a segment the receiver last read three hand-offs ago (out of its
     caches); smaller and larger ones keep to the two that suffice. /dev/shm full: reuse."""
-    from epdctl.runtime.transports import shm
+    from epdctl.runtime.fast.transports import shm
 
     pool = shm.SegmentPool()
     try:

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import pytest
 
-from epdctl.runtime.transports import heap, open_transport
+from epdctl.runtime.fast.transports import heap
+from epdctl.runtime.transports import open_transport
 
 glibc = pytest.mark.skipif("libc" not in (ctypes.util.find_library("c") or ""), reason="glibc hosts only")
 
@@ -58,7 +59,7 @@ def test_a_started_transport_has_fixed_them(monkeypatch):
     monkeypatch.setattr(heap, "keep_frames", lambda: calls.append(1) or True)
 
     async def go():
-        t = open_transport("zmq", "127.0.0.1", timeout=2)
+        t = open_transport("zmq", "127.0.0.1", timeout=2, shm=True)
         await t.start()
         await t.close()
     asyncio.run(go())

@@ -13,6 +13,8 @@ from epdctl.runtime.wire import pack
 
 from transport_pair import assert_same, sample_tensors, with_pair
 
+pytestmark = pytest.mark.usefixtures("fast_hashing")  # the transports here are the fast path's
+
 
 def kv_like(n: int, numel: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(n)
@@ -78,9 +80,9 @@ def test_spare_segment_gone_falls_back_to_a_fresh_lease():
     async def fn(a, b):
         await a.send(b.address, "p1", {}, big)
         await b.recv("p1", 5)
-        assert b.address in a._spares
-        for xid in list(b._leases.open):  # the receiver dropped its spare (as on expiry)
-            b._leases.drop(xid)
+        assert b.address in a.shm.spares
+        for xid in list(b.shm.leases.open):  # the receiver dropped its spare (as on expiry)
+            b.shm.leases.drop(xid)
         await a.send(b.address, "p2", {}, big)
         assert torch.equal((await b.recv("p2", 5))[1]["x"], big["x"])
         assert a.stats["failures"] == 0 and a.stats["shm_sent"] == 2
@@ -94,7 +96,7 @@ def test_spare_lease_forgotten_by_the_receiver_is_answered_and_the_send_retried(
     async def fn(a, b):
         await a.send(b.address, "q1", {}, big)
         await b.recv("q1", 5)
-        b._leases.open.clear()  # the segment still exists, the receiver no longer knows the lease
+        b.shm.leases.open.clear()  # the segment still exists, the receiver no longer knows the lease
         await a.send(b.address, "q2", {}, big)  # SHMDONE is refused, then a fresh lease carries it
         assert torch.equal((await b.recv("q2", 5))[1]["x"], big["x"])
         assert a.stats["failures"] == 0 and b.stats["failures"] == 0 and a.stats["shm_sent"] == 2

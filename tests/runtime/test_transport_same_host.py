@@ -16,10 +16,13 @@ import pytest
 import torch
 
 from epdctl.runtime.errors import TransferError
-from epdctl.runtime.transports import open_transport, progress, same_host
+from epdctl.runtime.fast.transports import leases, progress, same_host
+from epdctl.runtime.transports import open_transport
 from epdctl.runtime.transports.zmq import ZmqTransport
 
 from transport_pair import assert_same, with_pair
+
+pytestmark = pytest.mark.usefixtures("fast_hashing")  # the transports here are the fast path's
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,7 +91,7 @@ def test_without_doorbells_the_socket_announces_and_answers():
 
     async def fn(a, b):
         small_parts(a)
-        a._bell.close()  # the sender cannot ring (and cannot be rung)
+        a.shm.bell.close()  # the sender cannot ring (and cannot be rung)
         kinds = socket_kinds(b)
         for i in range(2):
             await a.send(b.address, f"n{i}", {}, tensors)
@@ -103,7 +106,7 @@ def test_a_receiver_that_stopped_polling_is_finished_by_the_sender(monkeypatch):
     receiver checks every part there."""
     async def asleep(t, xid, lease):
         return None
-    monkeypatch.setattr(same_host, "_poll", asleep)
+    monkeypatch.setattr(same_host.SameHost, "_poll", asleep)
     tensors = kv_like()
 
     async def fn(a, b):
@@ -147,7 +150,7 @@ SENDER = textwrap.dedent("""
     from epdctl.runtime.transports import open_transport
     from epdctl.runtime.transports.zmq import ZmqTransport
 
-    write = ZmqTransport._write_part
+    write = ZmqTransport.write_part
     calls = []
 
     async def dying(w, dst, first, last, n):
@@ -155,10 +158,10 @@ SENDER = textwrap.dedent("""
         if len(calls) == 3:  # two parts written and published: die without a word
             os.kill(os.getpid(), signal.SIGKILL)
         return await write(w, dst, first, last, n)
-    ZmqTransport._write_part = staticmethod(dying)
+    ZmqTransport.write_part = staticmethod(dying)
 
     async def main():
-        t = open_transport("zmq", "127.0.0.1", timeout=5)
+        t = open_transport("zmq", "127.0.0.1", timeout=5, shm=True)
         await t.start()
         t.pipeline_min_bytes, t.part_bytes = 0, 200_000
         g = torch.Generator().manual_seed(1)
@@ -169,7 +172,7 @@ SENDER = textwrap.dedent("""
 
 def test_a_sender_killed_half_way_fails_the_receivers_recv():
     async def go():
-        b = open_transport("zmq", "127.0.0.1", timeout=1.0)
+        b = open_transport("zmq", "127.0.0.1", timeout=1.0, shm=True)
         await b.start()
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -179,7 +182,7 @@ def test_a_sender_killed_half_way_fails_the_receivers_recv():
             assert proc.returncode == -9, err.decode()[-2000:]
             with pytest.raises(TransferError, match="truncated.*wrote 2 of"):
                 await b.recv("dying", 10)
-            a = open_transport("zmq", "127.0.0.1", timeout=5)  # the receiver keeps serving others
+            a = open_transport("zmq", "127.0.0.1", timeout=5, shm=True)  # the receiver keeps serving others
             await a.start()
             try:
                 await a.send(b.address, "after", {}, kv_like())
@@ -195,12 +198,13 @@ def test_a_sender_killed_half_way_fails_the_receivers_recv():
 def test_where_stores_may_be_reordered_only_rung_parts_are_read(monkeypatch, bells):
     """As on ARM: no poll of the block; parts are read as the rings (or SHMDONE) announce them."""
     monkeypatch.setattr(same_host, "ORDERED", False)
+    monkeypatch.setattr(leases, "ORDERED", False)
     tensors = kv_like()
 
     async def fn(a, b):
         small_parts(a)
         if not bells:
-            a._bell.close()
+            a.shm.bell.close()
         kinds = socket_kinds(b)
         for i in range(2):
             await a.send(b.address, f"w{i}", {}, tensors)
@@ -213,12 +217,12 @@ def test_where_stores_may_be_reordered_only_rung_parts_are_read(monkeypatch, bel
 def rings(monkeypatch) -> list[bytes]:
     """Record the kind of every doorbell ring read (G, P, D, A)."""
     got: list[bytes] = []
-    ring = same_host.ring
+    ring = same_host.SameHost.ring
 
     def counting(t, data):
         got.append(data[:1])
         return ring(t, data)
-    monkeypatch.setattr(same_host, "ring", counting)
+    monkeypatch.setattr(same_host.SameHost, "ring", counting)
     return got
 
 
@@ -241,12 +245,12 @@ def test_a_receiver_asleep_between_parts_is_rung_awake(monkeypatch):
     """A sender slower than the receiver's poll (a part every ms, longer than its poll, shorter than its idle limit): the receiver sleeps, says so
     in the control block, and each part's ring wakes it; nothing goes on the socket."""
     got, tensors = rings(monkeypatch), kv_like()
-    write = ZmqTransport._write_part
+    write = ZmqTransport.write_part
 
     async def slow(w, dst, first, last, n):
         await asyncio.sleep(0.001)
         return await write(w, dst, first, last, n)
-    monkeypatch.setattr(ZmqTransport, "_write_part", staticmethod(slow))
+    monkeypatch.setattr(ZmqTransport, "write_part", staticmethod(slow))
 
     async def fn(a, b):
         small_parts(a)

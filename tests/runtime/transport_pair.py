@@ -28,11 +28,11 @@ def assert_same(a: dict, b: dict) -> None:
         assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k], b[k]), k
 
 
-def with_pair(kind: str, fn, timeout: float = 5.0):
+def with_pair(kind: str, fn, timeout: float = 5.0, shm: bool = True):
     async def go():
         pa, pb = PORTS[kind]
-        a = open_transport(kind, "127.0.0.1", port=pa, timeout=timeout)
-        b = open_transport(kind, "127.0.0.1", port=pb, timeout=timeout)
+        a = open_transport(kind, "127.0.0.1", port=pa, timeout=timeout, shm=shm)
+        b = open_transport(kind, "127.0.0.1", port=pb, timeout=timeout, shm=shm)
         await a.start()
         await b.start()
         try:

@@ -242,6 +242,21 @@ class SSHConnection:
         return CommandResult(rc, b"".join(out).decode(errors="replace"),
                              b"".join(err).decode(errors="replace"))
 
+    def session(self, command: str) -> paramiko.Channel:
+        """``command`` started on a channel of its own, stdin open: a long-lived agent, or a job
+        whose caller writes stdin and reads stdout by line."""
+        self.open()
+        assert self._client is not None
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise SSHError(f"[{self.node}] connection to {self.where} was closed")
+        try:
+            chan = transport.open_session(timeout=self.options.connect_timeout)
+            chan.exec_command(command)
+            return chan
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise SSHError(f"[{self.node}] starting a command on {self.where} failed: {e}") from None
+
     def stream(self, command: str, idle_timeout: float | None = None) -> "paramiko.ChannelFile":
         """Start ``command`` and return its stdout as a file (for following a log).
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 K = TypeVar("K")
 T = TypeVar("T")
 
-MAX_WORKERS = 32
+MAX_WORKERS = 64   # threads mostly wait on the network; bounded so a 1000-node list cannot fork-bomb
 
 
 def fanout(items: Mapping[str, K], fn: Callable[[str, K], T], *, parallel: bool = True,

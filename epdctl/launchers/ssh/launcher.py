@@ -1,8 +1,8 @@
 """Run workers on other machines over SSH (the ``ssh`` launcher); see docs/ssh.md.
 
-Per node, every operation is one SSH command running the agent (``agent.py``) after the
-node's setup lines; nodes are handled in parallel (``epdctl.launchers.ssh.fanout``) and one node's failure
-never hides another's. Starting (the version gate included) is ``starting.py``.
+Per node, one connection and one agent (``epdctl/node/ssh_agent.py``, started after the node's setup
+lines: ``agent_session.py``) serve every operation; nodes are handled in parallel (``epdctl.launchers.ssh.fanout``) and one node's failure
+never hides another's. Starting (the version gate included) is a ``NodeStarter`` (``starting.py``).
 
 On the node, ``<run_root>/<cluster>/<node>/<worker>.{log,json}`` records what was started
 (pid, process group, start time, log, ports). Locally, a handle's ``log`` is a mirror under
@@ -22,16 +22,18 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from epdctl.errors import LaunchError
 from epdctl.launchers.base import Results, Status, cluster_id
-from epdctl.launchers.ssh import starting
+from epdctl.launchers.ssh.starting import NodeStarter, group_by_node
 from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
 from epdctl.launchers.ssh.fanout import fanout, raise_if_failed
+from epdctl.launchers.ssh.agent_session import AgentSession
 from epdctl.launchers.ssh.nodes import (NodeAccess, load_nodes, nodes_from_topology,
-                                        options_from_env, run_agent, save_nodes)
-from epdctl.state import Handle, ProcessRecord
+                                        options_from_env, save_nodes)
+from epdctl.state.store import Handle, ProcessRecord
 from epdctl.launchers.ssh.runners import ssh_runners
 
 log = logging.getLogger(__name__)
 DEFAULT_RUN_ROOT = "~/.epdctl/nodes"
+PEEK_LINES = 12  # last lines of each starting worker's log in a poll: what it is doing
 MIRROR_LINES = 200  # lines of each remote log kept locally after `down` (for `epdctl logs`)
 
 
@@ -54,9 +56,9 @@ class SSHLauncher:
         self._explicit_options = options is not None
         self.options = options or options_from_env(accept_new_host_keys or None)
         self.run_root = run_root or os.environ.get("EPDCTL_SSH_RUN_ROOT") or DEFAULT_RUN_ROOT
-        self.settle = settle
         self.parallel = parallel
         self.pool = ConnectionPool(self.options)
+        self.sessions: dict[str, AgentSession] = {}
         self.cluster_dir = Path(cluster_dir) if cluster_dir else None
         self.cluster: str | None = cluster or getattr(topology, "name", None)
         self.api_key_env = api_key_env
@@ -64,7 +66,7 @@ class SSHLauncher:
             self.api_key_env = self.api_key_env or topology.router.api_key_env
         self.nodes: dict[str, NodeAccess] = dict(nodes) if nodes else (
             nodes_from_topology(topology) if topology is not None else {})
-        self._prepared: dict[str, dict[str, Any]] = {}
+        self.starter = NodeStarter(self, settle, parallel)
         if self.cluster_dir is not None:
             self._bind(self.cluster_dir)
 
@@ -98,10 +100,20 @@ class SSHLauncher:
         files = tuple(dict.fromkeys([*keep, *doc["known_hosts"]]))
         self.options = dataclasses.replace(self.options, known_hosts=files,
                                            ssh_config=doc.get("ssh_config", self.options.ssh_config))
-        self.pool.close()
+        self.close()
         self.pool = ConnectionPool(self.options)
 
-    def _context(self, local_log: Path | None) -> None:
+    @property
+    def settle(self) -> float:
+        """Seconds a started worker must stay alive to count as started."""
+        return self.starter.settle
+
+    @settle.setter
+    def settle(self, value: float) -> None:
+        self.starter.settle = value
+
+    def bind_to_log(self, local_log: Path | None) -> None:
+        """Find the cluster from a record's local log (``clusters/<name>/logs/``) when not yet bound."""
         if self.nodes and self.cluster:
             return
         if local_log is not None and local_log.parent.name == "logs":
@@ -109,7 +121,7 @@ class SSHLauncher:
             return
         raise LaunchError("the ssh launcher needs the topology or the cluster's run folder")
 
-    def _access(self, node: str) -> NodeAccess:
+    def access(self, node: str) -> NodeAccess:
         try:
             return self.nodes[node]
         except KeyError:
@@ -124,20 +136,22 @@ class SSHLauncher:
 
     # ---- one node --------------------------------------------------------------------
 
-    def _agent(self, node: str, req: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
-        acc = self._access(node)
-        return run_agent(self.pool.get(acc.target), acc, req, timeout)
+    def agent(self, node: str, req: dict[str, Any], timeout: float = 120.0) -> dict[str, Any]:
+        """One agent call on ``node`` (the node's agent, started on first use)."""
+        acc = self.access(node)
+        session = self.sessions.setdefault(node, AgentSession(self.pool, acc))
+        return session.call(req, timeout)
 
     def prepare_node(self, node: str) -> dict[str, Any]:
         """Connect, run setup lines, check the node's epdctl version, create the run folder."""
-        return starting.prepare_node(self, node)
+        return self.starter.prepare_node(node)
 
     def prepare(self, nodes: Iterable[str] | None = None) -> Results[dict[str, Any]]:
         """``prepare_node`` on every node at once; a per-node Results map."""
-        return starting.prepare(self, nodes)
+        return self.starter.prepare(nodes)
 
     def start_on_node(self, node: str, recs: list[ProcessRecord]) -> dict[str, Handle | Exception]:
-        return starting.start_on_node(self, node, recs)
+        return self.starter.start_on_node(node, recs)
 
     # ---- Launcher contract -----------------------------------------------------------
 
@@ -145,7 +159,7 @@ class SSHLauncher:
         """Start many workers, one SSH command per node, nodes in parallel; per worker. Every
         node is prepared (version check) first; when one cannot be, nothing starts anywhere
         and LaunchError lists every bad node and the fine ones."""
-        return starting.start(self, recs)
+        return self.starter.start(recs)
 
     def poll(self, recs: Sequence[ProcessRecord], lines: int = 20) -> Results[Status]:
         """Alive (same pid and start time) per worker, with the log tail of dead ones."""
@@ -153,10 +167,10 @@ class SSHLauncher:
         res: Results[Status] = Results()
         if not recs:
             return res
-        self._context(Path(recs[0].log))
-        by_node = self._group([r for r in recs if r.handle is not None])
-        per_node = fanout(by_node, lambda n, rs: self._agent(n, {
-            "op": "poll", "lines": lines,
+        self.bind_to_log(Path(recs[0].log))
+        by_node = group_by_node([r for r in recs if r.handle is not None])
+        per_node = fanout(by_node, lambda n, rs: self.agent(n, {
+            "op": "poll", "lines": lines, "peek": PEEK_LINES,
             "workers": [self._rec(r) for r in rs]})["workers"], parallel=self.parallel)
         for r in recs:
             if r.handle is None:
@@ -166,9 +180,10 @@ class SSHLauncher:
             else:
                 st = per_node.ok[r.node][r.name]
                 if not st["alive"]:
-                    self._write_mirror(r, st.get("tail", ""))
+                    self.write_mirror(r, st.get("tail", ""))
                 res.ok[r.name] = Status(st["alive"], None, st.get("tail", ""),
-                                        int(st.get("restarts") or 0), st.get("last_exit"))
+                                        int(st.get("restarts") or 0), st.get("last_exit"),
+                                        st.get("peek", ""))
         return res
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
@@ -180,9 +195,9 @@ class SSHLauncher:
         res: Results[None] = Results()
         if not recs:
             return res
-        self._context(Path(recs[0].log))
-        by_node = self._group(recs)
-        per_node = fanout(by_node, lambda n, rs: self._agent(n, {
+        self.bind_to_log(Path(recs[0].log))
+        by_node = group_by_node(recs)
+        per_node = fanout(by_node, lambda n, rs: self.agent(n, {
             "op": "stop", "grace": grace, "workers": [self._rec(r) for r in rs],
             "lines": MIRROR_LINES}, timeout=grace + 60)["workers"], parallel=self.parallel)
         for r in recs:
@@ -190,7 +205,7 @@ class SSHLauncher:
                 res.failed[r.name] = per_node.failed[r.node]
                 continue
             got = per_node.ok[r.node][r.name]
-            self._write_mirror(r, got.get("tail", ""))
+            self.write_mirror(r, got.get("tail", ""))
             if "error" in got:
                 res.failed[r.name] = LaunchError(f"[{r.node}/{r.name}] {got['error']}")
             else:
@@ -199,17 +214,17 @@ class SSHLauncher:
 
     def logs(self, rec: ProcessRecord, lines: int = 40) -> str:
         """The last ``lines`` of the worker's log on its node (also refreshes the mirror)."""
-        self._context(Path(rec.log))
-        ans = self._agent(rec.node, {"op": "tail", "log": self.remote_log(rec), "lines": lines})
-        self._write_mirror(rec, ans["text"])
+        self.bind_to_log(Path(rec.log))
+        ans = self.agent(rec.node, {"op": "tail", "log": self.remote_log(rec), "lines": lines})
+        self.write_mirror(rec, ans["text"])
         return str(ans["text"])
 
     def follow(self, rec: ProcessRecord, lines: int = 0,
                idle_timeout: float | None = None) -> Iterator[str]:
         """New lines of the remote log as they come (``tail -F``), until the caller stops
         (or ``idle_timeout`` seconds pass without a line: socket.timeout)."""
-        self._context(Path(rec.log))
-        acc = self._access(rec.node)
+        self.bind_to_log(Path(rec.log))
+        acc = self.access(rec.node)
         path = self.remote_log(rec)
         if path.startswith("~/"):
             path = "$HOME/" + shlex.quote(path[2:])
@@ -223,9 +238,15 @@ class SSHLauncher:
     def place(self, text: str) -> str:
         return text
 
+    def node_jobs(self, nodes: Sequence[str]) -> dict[str, Any]:
+        """Programs run to completion on ``nodes`` (staging weights), over these connections."""
+        from epdctl.launchers.ssh.streams import SSHJobs
+
+        return {n: SSHJobs(n, self.pool, self.access(n)) for n in nodes}
+
     def node_runners(self, nodes: Sequence[str]) -> dict[str, Any]:
         """Over this launcher's connections (its host-key policy included)."""
-        return ssh_runners(self.pool, {n: self._access(n) for n in nodes})
+        return ssh_runners(self.pool, {n: self.access(n) for n in nodes})
 
     def release(self) -> None:
         return None
@@ -235,9 +256,12 @@ class SSHLauncher:
 
     def records(self, node: str) -> list[dict[str, Any]]:
         """What the node's run folder says epdctl started there (and has not stopped)."""
-        return self._agent(node, {"op": "records", "dir": self.remote_dir(node)})["records"]
+        return self.agent(node, {"op": "records", "dir": self.remote_dir(node)})["records"]
 
     def close(self) -> None:
+        for s in self.sessions.values():
+            s.close()
+        self.sessions = {}
         self.pool.close()
 
     def orphans(self) -> list[ProcessRecord]:
@@ -247,7 +271,7 @@ class SSHLauncher:
         if not cluster:
             return []
         per_node = fanout({n: n for n in self.nodes},
-                          lambda n, _: self._agent(n, {"op": "find", "cluster": cluster})["found"],
+                          lambda n, _: self.agent(n, {"op": "find", "cluster": cluster})["found"],
                           parallel=self.parallel)
         out = []
         for node, found in per_node.ok.items():
@@ -266,19 +290,13 @@ class SSHLauncher:
 
     # ---- helpers ---------------------------------------------------------------------
 
-    def _group(self, recs: list[ProcessRecord]) -> dict[str, list[ProcessRecord]]:
-        by_node: dict[str, list[ProcessRecord]] = {}
-        for r in recs:
-            by_node.setdefault(r.node, []).append(r)
-        return by_node
-
     def _rec(self, r: ProcessRecord) -> dict[str, Any]:
         assert r.handle is not None
         return {"name": r.name, "pid": r.handle.pid, "pgid": r.handle.pgid,
                 "create_time": r.handle.create_time, "token": r.handle.token,
                 "log": self.remote_log(r)}
 
-    def _write_mirror(self, rec: ProcessRecord, text: str) -> None:
+    def write_mirror(self, rec: ProcessRecord, text: str) -> None:
         if not rec.log or self.cluster_dir is None:
             return
         path = Path(rec.log)

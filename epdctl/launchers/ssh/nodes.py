@@ -11,17 +11,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from epdctl.errors import LaunchError
-from epdctl.launchers.ssh import agent as ssh_agent
 from epdctl.launchers.ssh.config import SSHOptions, SSHTarget, default_known_hosts, parse_destination
+from epdctl.topology.model import Topology
 
 NODES_FILE = "ssh-nodes.json"
-_AGENT_SOURCE = ssh_agent.node_source()
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -51,7 +49,7 @@ class NodeAccess:
                    env=dict(d.get("env", {})))
 
 
-def nodes_from_topology(topo: Any) -> dict[str, NodeAccess]:
+def nodes_from_topology(topo: Topology) -> dict[str, NodeAccess]:
     """Node name -> NodeAccess. ``ssh.jump`` may name another node or be [user@]host[:port]."""
     by_name = {n.name: n for n in topo.nodes}
 
@@ -91,11 +89,6 @@ def expand_local(env: Mapping[str, str]) -> dict[str, str]:
             for k, v in env.items()}
 
 
-def ports_of(argv: Iterable[str]) -> list[int]:
-    args = list(argv)
-    return [int(v) for f, v in zip(args, args[1:]) if f.endswith("port") and v.isdigit()]
-
-
 def with_overrides(access: NodeAccess, **changes: Any) -> NodeAccess:
     """A copy of ``access`` with target fields replaced (tests, benchmarks)."""
     return replace(access, target=replace(access.target, **changes))
@@ -127,29 +120,3 @@ def load_nodes(cdir: Path) -> dict[str, Any]:
     topo = load_topology(Path(json.loads(state.read_text())["topology"]))
     return {"nodes": nodes_from_topology(topo),
             "api_key_env": topo.router.api_key_env if topo.router is not None else None}
-
-
-def run_agent(conn: Any, acc: NodeAccess, req: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run the agent on ``conn``'s node after the setup lines (stdin closed, ``set -e``);
-    return its JSON answer, or raise a ``[node]`` LaunchError that says which step failed."""
-    node = acc.node
-    lines = ["set -e"]
-    if acc.setup:
-        lines += ["{", *acc.setup, "} </dev/null"]
-    lines.append(f"exec {shlex.quote(acc.python)} -")
-    program = f"{_AGENT_SOURCE}\n_main(json.loads({json.dumps(json.dumps(req))}))\n"
-    res = conn.run("\n".join(lines), stdin=program, timeout=timeout)
-    for line in reversed(res.stdout.splitlines()):
-        if line.startswith(ssh_agent.MARK):
-            answer = json.loads(line[len(ssh_agent.MARK):])
-            if "error" in answer and len(answer) == 1:
-                raise LaunchError(f"[{node}] {req['op']} failed on the node: {answer['error']}")
-            return answer
-    err = "\n".join(res.stderr.strip().splitlines()[-10:]) or "(no output)"
-    if res.rc == 127:
-        raise LaunchError(f"[{node}] {acc.python!r} or a setup command was not found on the "
-                          f"node (exit 127): {err}. Fix the topology's python or the node's "
-                          f"setup lines")
-    what = "its setup lines" if acc.setup else "the node's shell"
-    raise LaunchError(f"[{node}] {what} failed (exit {res.rc}) before epdctl could run "
-                      f"there: {err}")

@@ -5,8 +5,7 @@ The router sends the same body to both at once; either may arrive first. The dec
 (bounded) for that route before sending the KV. A decode that adds ``"first_token": true`` gets
 the prefill's first token ahead of the KV as the ANSWER to that POST, held until the prefill has
 it (``give_first``), so it can stream the token while the KV is still on its way: an answer on a
-connection the decode already waits on costs one wake-up, a transport message three (~1 ms on
-an idle host). An answer without ``first`` means no token comes that way (a prefill that failed,
+connection the decode already waits on costs one wake-up, a transport message three. An answer without ``first`` means no token comes that way (a prefill that failed,
 or one that predates the field): the KV, or the error, follows on the transport as always. Routes nobody claims expire, so rooms that
 lost their partner cannot pile up.
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, parse_chat_request
-from epdctl.runtime import gcpause
+from epdctl.runtime import paths
 from epdctl.runtime.servers.admission import Admission
 from epdctl.runtime.servers.common import Stopwatch, make_app, read_json, ready, to_api_error
 from epdctl.runtime.servers.decode import GenerationMetrics
@@ -52,7 +52,7 @@ class ColocatedServer:
         self.metrics = Registry("epd_colocated")
         self.gm = GenerationMetrics(self.metrics)
         m = self.metrics
-        gcpause.metrics(m)
+        paths.active().add_metrics(m)
         stats = lambda k: (lambda: float(self.encoder.stats.get(k, 0)))  # noqa: E731
         m.counter_fn("embedding_cache_hits_total", "Embedding-cache hits", stats("cache_hits"))
         m.counter_fn("embedding_cache_misses_total", "Embedding-cache misses", stats("cache_misses"))
@@ -158,7 +158,6 @@ class ColocatedServer:
 
 
 async def run_colocated(args: Any) -> None:
-    from epdctl.runtime.decode_engine import DecodeEngine
     from epdctl.runtime.encoder_engine import VisionEncoder
     from epdctl.runtime.model import load_bundle
     from epdctl.runtime.prefill_engine import LanguagePrefill
@@ -171,6 +170,8 @@ async def run_colocated(args: Any) -> None:
                       max_images_per_request=args.max_images_per_request,
                       context_length=int(bundle.config.text_config.max_position_embeddings),
                       api_key=api_key_from_env(getattr(args, "api_key_env", None)))
-    server = ColocatedServer(args, bundle, VisionEncoder(bundle, cache_mb=args.cache_mb), LanguagePrefill(bundle),
-                             DecodeEngine(bundle, max_running=args.max_running_requests), info)
+    path = paths.active()
+    encoder = VisionEncoder(bundle, cache_mb=args.cache_mb, after_pass=path.after_images)
+    server = ColocatedServer(args, bundle, encoder, LanguagePrefill(bundle),
+                             path.decode_engine(bundle, args.max_running_requests), info)
     await serve([(server.app(), args.host, args.port)], server.on_ready, server.on_stop)

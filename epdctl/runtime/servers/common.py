@@ -18,10 +18,9 @@ from typing import Any, Awaitable, Callable, TypeVar
 
 from aiohttp import web
 
-from epdctl.runtime import gcpause
+from epdctl.runtime import paths
 from epdctl.runtime.errors import BadRequestError, RuntimeWorkerError, TransferError
 from epdctl.runtime.limits import DEFAULT_MAX_BODY_BYTES
-from epdctl.runtime.memtrim import after_large
 from epdctl.runtime.servers.busy import BusyClock
 from epdctl.runtime.openai_api import ApiError, decode_json, error_body
 from epdctl.runtime.servers import listen
@@ -91,7 +90,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     try:
         return decode_json(raw)
     finally:
-        after_large(len(raw))
+        paths.active().after_body(len(raw))
 
 
 def make_app(max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> web.Application:
@@ -226,7 +225,7 @@ async def serve(apps: list[tuple[web.Application, str, int]],
         runners = await start_runners(apps, drain_timeout)
         if on_ready is not None:
             await on_ready()
-        gcpause.freeze_startup_heap()
+        paths.active().serving()
         await stop.wait()
         log.info("stopping (signal received): finishing in-flight requests")
     finally:

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, check_context, parse_chat_request
-from epdctl.runtime import gcpause
+from epdctl.runtime import paths
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.common import Served, make_app, read_json, ready
 from epdctl.runtime.servers.early_first import stream_early
@@ -107,7 +107,7 @@ class DecodeServer:
         self.m_kv = self.metrics.counter("kv_receive_total", "KV receptions by outcome (ok, timeout, error, late, lost)")
         self.kv = KVReceiver(transport, args.kv_timeout, self.info_auth, self.m_kv)
         m = self.metrics
-        gcpause.metrics(m)
+        paths.active().add_metrics(m)
         m.gauge("running_requests", "Sequences being decoded", lambda: float(self.loop.num_running if self.loop else 0))
         m.gauge("queue_depth", "Requests waiting for their KV or a decode slot",
                 lambda: float(self.kv.waiting + self.waiting_slot))
@@ -251,11 +251,11 @@ class DecodeServer:
 
 async def build_decode(args: Any, bundle: Any) -> Served:
     """The decode's servers around a loaded model (``bundle`` keeps at least the language model)."""
-    from epdctl.runtime.decode_engine import DecodeEngine
     from epdctl.runtime.transports import open_transport
 
-    engine = DecodeEngine(bundle, max_running=args.max_running_requests)
-    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
+    engine = paths.active().decode_engine(bundle, args.max_running_requests)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device,
+                               shm=paths.active().shm)
     await transport.start()
     info = WorkerInfo(role="decode", served_name=args.served_model_name or bundle.served_name,
                       model_path=args.model_path, transport=args.transport,

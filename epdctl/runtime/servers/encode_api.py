@@ -5,7 +5,7 @@ to ``reply_to``'s transport under ``key`` and the answer is a JSON summary, unle
 ``inline_max_bytes`` and the packed embeddings fit in it: then they ARE the answer (``INLINE_TYPE``:
 8-byte header length, the wire header, the tensors' bytes in header order, each still checked
 against its checksum on arrival). A small answer on the HTTP connection the prefill already waits
-on skips a transport hop, which costs ~1 ms on an idle host (three threads to wake, not one);
+on skips a transport hop (three threads to wake, not one);
 large ones keep the transport's zero-copy and shared-memory paths. An encoder that predates the
 field ignores it and sends as before.
 """

@@ -23,7 +23,7 @@ from epdctl.runtime.errors import BadRequestError
 from epdctl.runtime.limits import Limits, limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
-from epdctl.runtime import gcpause
+from epdctl.runtime import paths
 from epdctl.runtime.servers.common import (ModelThread, Served, json_response, make_app, read_json, serve,
                                            ready, to_api_error)
 from epdctl.runtime.servers.auth import require_bearer
@@ -132,7 +132,7 @@ class EncoderServer:
 
     def _init_metrics(self) -> None:
         m = self.metrics
-        gcpause.metrics(m)
+        paths.active().add_metrics(m)
         self.m_requests = m.counter("requests_total", "Encode requests by outcome")
         self.m_latency = m.histogram("encode_seconds", "Time from /encode arrival to embeddings sent")
         self.m_batch = m.histogram("batch_images", "Images per vision-tower batch",
@@ -276,8 +276,9 @@ async def build_encoder(args: Any, bundle: Any) -> Served:
     from epdctl.runtime.encoder_engine import VisionEncoder
     from epdctl.runtime.transports import open_transport
 
-    encoder = VisionEncoder(bundle, cache_mb=args.cache_mb)
-    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
+    encoder = VisionEncoder(bundle, cache_mb=args.cache_mb, after_pass=paths.active().after_images)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device,
+                               shm=paths.active().shm)
     await transport.start()
     server = EncoderServer(args, encoder, transport, wire)
     return Served("encoder", server, server.app(), [], server.on_ready, server.on_stop, server.on_drain,

@@ -9,7 +9,7 @@ event loop cannot overlap, and the engine steps back to back, so each step's tok
 the scheduler to preempt the next step (a token reached its client a step or more late:
 benchmarks/burst_gaps.py). There, after a step the thread waits (at most ``FLUSH_WAIT_S``) until
 the loop has run the handlers those tokens woke (their SSE writes), and the GIL hands over after
-``SWITCH_INTERVAL_S`` instead of 5 ms, so the loop's short callbacks do not queue behind a step.
+``SWITCH_INTERVAL_S`` instead of Python's default, so the loop's short callbacks do not queue behind a step.
 The handlers' work runs on that core either way; run first it costs the step nothing. With more
 cores the two overlap, and nothing changes (waiting there slowed a one-stream decode).
 """
@@ -30,7 +30,7 @@ from epdctl.runtime.servers.busy import BusyClock
 log = logging.getLogger(__name__)
 
 FLUSH_WAIT_S = 0.002  # one core: the longest a step waits for the previous step's tokens to be written
-SWITCH_INTERVAL_S = 0.0002  # one core: the GIL's hand-over interval (Python's default: 5 ms)
+SWITCH_INTERVAL_S = 0.0002  # one core: the GIL's hand-over interval (shorter than Python's default)
 
 
 class EngineLoop:

@@ -21,7 +21,7 @@ from aiohttp import web
 from epdctl.runtime.limits import limits_from_args
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError, parse_chat_request
-from epdctl.runtime import gcpause
+from epdctl.runtime import paths
 from epdctl.runtime.servers.bootstrap import KVBootstrap
 from epdctl.runtime.servers.busy import own_work_metrics
 from epdctl.runtime.servers.admission import Admission
@@ -65,7 +65,7 @@ class PrefillServer:
 
     def _init_metrics(self) -> None:
         m = self.metrics
-        gcpause.metrics(m)
+        paths.active().add_metrics(m)
         self.m_requests = m.counter("requests_total", "Prefill requests by HTTP status")
         self.m_stage = m.histogram("stage_seconds", "Per-stage latency (fetch, encode, prefill, kv_send)")
         self.m_ttft = m.histogram("ttft_seconds", "Request arrival to first token (prefill done)")
@@ -216,7 +216,8 @@ async def build_prefill(args: Any, bundle: Any) -> Served:
     from epdctl.runtime.transports import open_transport
 
     engine = LanguagePrefill(bundle)
-    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device)
+    transport = open_transport(args.transport, args.host, port=args.transfer_port, ib_device=args.ib_device,
+                               shm=paths.active().shm)
     await transport.start()
     info = WorkerInfo(role="prefill", served_name=args.served_model_name or bundle.served_name,
                       model_path=args.model_path, transport=args.transport,

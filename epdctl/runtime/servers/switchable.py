@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from epdctl.runtime import gcpause
+from epdctl.runtime import paths
 from epdctl.runtime.metrics import Registry
 from epdctl.runtime.openai_api import ApiError
 from epdctl.runtime.servers.auth import require_bearer
@@ -195,7 +195,7 @@ async def run_switchable(args: Any, parse: Parse) -> None:
     bundle = await asyncio.to_thread(load_bundle, args.model_path, role="colocated")
     # Freeze what loading made, not a role's servers: those are dropped at a switch, and a frozen
     # cycle is never collected.
-    gcpause.freeze_startup_heap()
+    paths.active().serving()
     host = RoleHost(args, bundle, parse)
     stop = stop_event()
     # ready only once the first role's own ports are bound too (bring -> start_runners)

@@ -35,19 +35,23 @@ class Transport(Protocol):
 
 def open_transport(kind: Literal["zmq", "zmq-ipc", "mooncake"], host: str, *, port: int = 0,
                    ib_device: str | None = None, ipc_dir: str | None = None,
-                   timeout: float = DEFAULT_TIMEOUT, shm: bool = True) -> Transport:
+                   timeout: float = DEFAULT_TIMEOUT, shm: bool = False) -> Transport:
     """Create (not yet started) the transport of ``kind`` listening on ``host``.
 
     ``port`` 0 picks a free port. ``zmq-ipc`` uses a unix socket in ``ipc_dir`` (same host only).
-    ``timeout`` bounds how long ``send()`` waits for the peer's acknowledgement. ``shm``: zmq
-    kinds hand large messages to peers on this host through shared memory (found out per peer).
+    ``timeout`` bounds how long ``send()`` waits for the peer's acknowledgement. ``shm`` (the fast
+    path): zmq kinds hand large messages to peers on this host through shared memory (found out
+    per peer, fast/transports/shm_zmq.py).
     """
-    if kind in ("zmq", "zmq-tcp"):
+    if kind in ("zmq", "zmq-tcp", "zmq-ipc"):
         from .zmq import ZmqTransport
-        return ZmqTransport(f"tcp://{host}:{port}" if port else f"tcp://{host}", timeout=timeout, use_shm=shm)
-    if kind == "zmq-ipc":
-        from .zmq import ZmqTransport
-        return ZmqTransport.ipc(ipc_dir, timeout=timeout, use_shm=shm)
+        cls = ZmqTransport
+        if shm:
+            from ..fast.transports.shm_zmq import ShmZmqTransport
+            cls = ShmZmqTransport
+        if kind == "zmq-ipc":
+            return cls.ipc(ipc_dir, timeout=timeout)
+        return cls(f"tcp://{host}:{port}" if port else f"tcp://{host}", timeout=timeout)
     if kind == "mooncake":
         from .mooncake import MooncakeTransport
         return MooncakeTransport(host, port=port, ib_device=ib_device, timeout=timeout)

@@ -145,7 +145,7 @@ class Endpoint:
         answered (the parts of one message).
 
         The bound is the socket's own SNDTIMEO/RCVTIMEO (pyzmq's asyncio sockets honour them),
-        not asyncio.wait_for + poll, which cost a task and a poll per hand-off (~50 us)."""
+        not asyncio.wait_for + poll, which cost a task and a poll per hand-off."""
         sock = self._checkout(peer_endpoint)
         answered = False
         try:

@@ -4,7 +4,7 @@ here), a small ZMQ control channel negotiates where they land and confirms them.
 Protocol for one ``send``: ALLOC (header with the tensor table) -> the receiver registers a
 buffer laid out by ``wire.layout`` and answers its Mooncake session and address; the sender
 copies the tensors into one staging buffer with the same layout and writes it in one transfer
-(one large write beats one slice per tensor: 56 KV tensors as slices cost ~5x more on TCP);
+(one large write beats one slice per tensor: a KV message has dozens of tensors);
 DONE (lengths written) -> the receiver checks lengths and checksums, answers OK/ERR and hands out
 tensors that are views into the received buffer (no second copy). An ALLOC never followed by
 DONE is freed after the timeout.

@@ -3,13 +3,12 @@ and on arrival checked and viewed, as one span.
 
 A part's checksum is XXH3-64 over its tensors' bytes in order (the layout's padding left out),
 so the same value describes a socket frame, a run in a shared segment, or one tensor's own
-memory (a part of one tensor: exactly its bytes). The sender copies and hashes in one pass
-(``native_copy.py``: each 64-byte stripe read once, stored and hashed, in C without the GIL;
-where it does not build, numpy copies and xxhash hashes each piece right after, in cache); the
-two give the same value, so either end may run either. The receiver hashes the span's tensors
-in one streaming pass and makes every tensor a view of it. For a 16 MiB KV message (56 tensors) that is one
-digest per part instead of 56, and the receiver's per-tensor dtype and shape checks run once
-per message (``plan``), not per part.
+memory (a part of one tensor: exactly its bytes). The sender copies each piece with numpy and
+hashes it right after, while it is in cache; the fast path swaps in a one-pass C copy and hash
+(``wire.use_accelerator``, fast/native_copy.py) that gives the same value, so either end may
+run either. The receiver hashes the span's tensors in one streaming pass and makes every tensor
+a view of it: one digest per part instead of one per tensor, and the receiver's per-tensor dtype
+and shape checks run once per message (``plan``), not per part.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 import xxhash
 
-from .. import native_copy
+from .. import wire
 from ..errors import TransferError
 from ..wire import _DTYPES, _ITEMSIZE, Frame
 
@@ -30,16 +29,15 @@ CHUNK = 512 * 1024  # copy, then hash, in pieces that stay in cache between the 
 def write_span(bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray, first: int,
                last: int) -> tuple[int, list[int]]:
     """Copy tensors ``first..last-1`` to their ``offsets`` in ``dst``, hashing the source as it is
-    copied (one pass in C where native_copy.py builds, else numpy then xxhash per cached piece);
-    (the part's checksum, each tensor's length)."""
+    copied (numpy then xxhash per cached piece, or the accelerator's one pass); (the part's
+    checksum, each tensor's length)."""
     lengths = [memoryview(bufs[i]).nbytes for i in range(first, last)]
     if last > first and offsets[last - 1] + lengths[-1] > dst.nbytes:
         raise TransferError(f"destination of {dst.nbytes} bytes is smaller than the part's layout")
-    dll = native_copy.library()
-    if dll is not None and sum(lengths) >= native_copy.MIN_BYTES:
-        base = native_copy.address(dst)
-        return native_copy.copy_hash(dll, [native_copy.address(bufs[i]) for i in range(first, last)],
-                                     [base + offsets[i] for i in range(first, last)], lengths), lengths
+    if wire.ACCEL is not None:
+        digest = wire.ACCEL.copy_hash([bufs[i] for i in range(first, last)], dst, offsets[first:last], lengths)
+        if digest is not None:
+            return digest, lengths
     h = xxhash.xxh3_64()
     for i, n in zip(range(first, last), lengths):
         src = np.frombuffer(bufs[i], dtype=np.uint8)
@@ -56,14 +54,13 @@ def write_span(bufs: Sequence[Frame], offsets: list[int], dst: np.ndarray, first
 
 
 def span_sum(buf: memoryview, offsets: Sequence[int], lengths: Sequence[int]) -> int:
-    """The part checksum of tensors at ``offsets`` (relative to ``buf``) of ``lengths`` bytes (a
-    large part in C without the GIL, where native_copy.py builds; else xxhash, faster)."""
+    """The part checksum of tensors at ``offsets`` (relative to ``buf``) of ``lengths`` bytes."""
     if any(off < 0 or off + n > buf.nbytes for off, n in zip(offsets, lengths)):
         raise TransferError(f"part of {buf.nbytes} bytes is shorter than its layout")
-    dll = native_copy.checker(sum(lengths))
-    if dll is not None:
-        base = native_copy.address(buf)
-        return native_copy.copy_hash(dll, [base + off for off in offsets], None, list(lengths))
+    if wire.ACCEL is not None:
+        digest = wire.ACCEL.span_sum(buf, offsets, lengths)
+        if digest is not None:
+            return digest
     h = xxhash.xxh3_64()
     for off, n in zip(offsets, lengths):
         h.update(buf[off:off + n])

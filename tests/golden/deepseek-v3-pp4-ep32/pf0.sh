@@ -30,7 +30,7 @@ env NCCL_IB_HCA=mlx5_0,mlx5_1,mlx5_2,mlx5_3 \
     --enable-metrics
 
 # router: http://10.1.0.10:8000 (metrics on port 29000), API key from $EPD_ROUTER_API_KEY
-python3 -m epdctl.router_exec EPD_ROUTER_API_KEY smg.launch_router \
+python3 -m epdctl.node.router_exec EPD_ROUTER_API_KEY smg.launch_router \
     --pd-disaggregation \
     --prefill http://10.1.0.10:30000 30001 \
     --decode http://10.1.0.20:30000 \

@@ -12,6 +12,7 @@ python3 -m epdctl.runtime encoder \
     --port 31000 \
     --transport zmq \
     --transfer-port 31008 \
+    --switchable \
     --threads 1
 
 # encoder-1: encoder, http://127.0.0.1:31001
@@ -21,6 +22,7 @@ python3 -m epdctl.runtime encoder \
     --port 31001 \
     --transport zmq \
     --transfer-port 31009 \
+    --switchable \
     --threads 1
 
 # prefill-0: prefill, http://127.0.0.1:31002
@@ -33,7 +35,8 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 31004 \
     --encoder-urls http://127.0.0.1:31000 http://127.0.0.1:31001 \
     --transport zmq \
-    --transfer-port 31010
+    --transfer-port 31010 \
+    --switchable
 
 # decode-0: decode, http://127.0.0.1:31005
 python3 -m epdctl.runtime decode \
@@ -42,7 +45,8 @@ python3 -m epdctl.runtime decode \
     --host 127.0.0.1 \
     --port 31005 \
     --transport zmq \
-    --transfer-port 31011
+    --transfer-port 31011 \
+    --switchable
 
 # router: http://127.0.0.1:31006 (metrics on port 31007)
 python3 -m smg.launch_router \

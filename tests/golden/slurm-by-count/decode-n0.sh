@@ -12,4 +12,5 @@ python3 -m epdctl.runtime decode \
     --host decode-n0.slurm \
     --port 37400 \
     --transport zmq \
-    --transfer-port 37401
+    --transfer-port 37401 \
+    --switchable

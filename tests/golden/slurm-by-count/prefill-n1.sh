@@ -15,4 +15,5 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 37302 \
     --encoder-urls http://encoder-n0.slurm:37100 \
     --transport zmq \
-    --transfer-port 37303
+    --transfer-port 37303 \
+    --switchable

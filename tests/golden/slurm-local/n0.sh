@@ -11,7 +11,8 @@ python3 -m epdctl.runtime encoder \
     --host n0.slurm \
     --port 37100 \
     --transport zmq \
-    --transfer-port 37103
+    --transfer-port 37103 \
+    --switchable
 
 # router: http://n0.slurm:37101 (metrics on port 37102)
 python3 -m smg.launch_router \

@@ -15,4 +15,5 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 37202 \
     --encoder-urls http://n0.slurm:37100 \
     --transport zmq \
-    --transfer-port 37203
+    --transfer-port 37203 \
+    --switchable

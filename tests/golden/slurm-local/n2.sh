@@ -12,4 +12,5 @@ python3 -m epdctl.runtime decode \
     --host n2.slurm \
     --port 37300 \
     --transport zmq \
-    --transfer-port 37301
+    --transfer-port 37301 \
+    --switchable

@@ -12,7 +12,8 @@ python3 -m epdctl.runtime encoder \
     --host 127.0.0.2 \
     --port 35100 \
     --transport zmq \
-    --transfer-port 35103
+    --transfer-port 35103 \
+    --switchable
 
 # router: http://127.0.0.2:35101 (metrics on port 35102)
 python3 -m smg.launch_router \

@@ -16,4 +16,5 @@ python3 -m epdctl.runtime prefill \
     --encoder-bootstrap-port 35102 \
     --encoder-urls http://127.0.0.2:35100 \
     --transport zmq \
-    --transfer-port 35103
+    --transfer-port 35103 \
+    --switchable

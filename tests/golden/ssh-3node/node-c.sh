@@ -13,4 +13,5 @@ python3 -m epdctl.runtime decode \
     --host 127.0.0.4 \
     --port 35100 \
     --transport zmq \
-    --transfer-port 35101
+    --transfer-port 35101 \
+    --switchable

@@ -1,0 +1,71 @@
+"""A container runtime as a record: how it wraps one process's command, where its image comes
+from, and how `down` finds and removes what it started. One module per form
+(oci_cli: docker and podman; apptainer; pyxis; slurm_oci); the registry looks them up by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from epdctl.containers.spec import Container
+
+LABEL_CLUSTER, LABEL_PROCESS = "epdctl.cluster", "epdctl.process"
+
+
+@dataclass(frozen=True)
+class Run:
+    """What the wrapper knows about the one process it wraps."""
+
+    name: str  # the container's name: epdctl-<cluster>-<process>
+    cluster: str
+    process: str
+    env_names: tuple[str, ...]  # variables handed in from the launching environment, by name
+    gpus: tuple[int, ...] = ()  # the worker's GPUs on its node (empty: none or not a GPU engine)
+    rdma: bool = False  # the worker's node declares ib/roce NICs the worker uses
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ContainerRuntime:
+    """One way to run a process in a container. ``step``: the runtime is a SLURM job step's own
+    options (pyxis, SLURM's OCI support), so the process runs as ``srun OPTIONS COMMAND``."""
+
+    name: str
+    program: str
+    step: bool = False
+    image_forms: str = ""  # for messages: what an image reference looks like here
+
+    def image_problem(self, image: str) -> str | None:
+        """Why ``image`` is no image this runtime can start (None: it is)."""
+        return None
+
+    def command(self, c: Container, run: Run, inner: tuple[str, ...]) -> tuple[str, ...]:
+        """The full command line: ``inner`` (the engine's argv) inside the container."""
+        raise NotImplementedError
+
+    def step_options(self, c: Container, run: Run) -> tuple[str, ...]:
+        """srun options that put a step into the container (step runtimes only)."""
+        return ()
+
+    def remove(self, c: Container, names: tuple[str, ...]) -> tuple[str, ...] | None:
+        """A command removing the named containers, running or not (None: nothing outlives the
+        process: apptainer, SLURM steps)."""
+        return None
+
+    def find(self, c: Container, cluster: str) -> tuple[str, ...] | None:
+        """A command printing the names of the containers labelled with ``cluster``, one a line."""
+        return None
+
+    def image_digest(self, c: Container) -> tuple[str, ...] | None:
+        """A command printing the image's digest (None: the runtime has none to ask)."""
+        return None
+
+
+def ulimit_value(value: str) -> str:
+    """``-1`` / ``unlimited`` (soft and hard), or ``soft[:hard]`` as docker's ``--ulimit`` reads it."""
+    parts = [p.strip() for p in str(value).split(":")]
+    parts = ["-1" if p in ("-1", "unlimited") else p for p in parts]
+    return ":".join(parts if len(parts) == 2 else parts * 2)
+
+
+def mount_text(source: str, target: str, readonly: bool, ro: str = "ro") -> str:
+    return f"{source}:{target}" + (f":{ro}" if readonly else "")

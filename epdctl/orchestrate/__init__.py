@@ -1,0 +1,1 @@
+"""Orchestration: bring-up and tear-down (lifecycle), what runs now (observe), Prometheus targets."""

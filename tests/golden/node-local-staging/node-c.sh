@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# epdctl plan for topology node-local-staging (engine embedded), rendered by `epdctl render`.
+# Each command is a long-running server: run each in its own shell (or let `epdctl up` do it),
+# in the order below. ${NAME} references are read from your environment; no secret is written here.
+
+# ===== node node-c =====
+source ~/epdctl/.venv/bin/activate
+
+# decode-0: decode, http://127.0.0.4:35100
+python3 -m epdctl.runtime decode \
+    --model-path /local/nvme/qwen2-vl-2b \
+    --served-model-name qwen2-vl-2b \
+    --host 127.0.0.4 \
+    --port 35100 \
+    --transport zmq \
+    --transfer-port 35101 \
+    --switchable
