@@ -18,6 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from epdctl.engines import engine_for
 from epdctl.rebalance import drain as dr
 from epdctl.http import metrics
 from epdctl.http.routerctl import RouterClient, with_local_health_flags
@@ -135,7 +136,7 @@ def test_wait_loads_idle_times_out_with_a_clear_error(fake: FakeSglang) -> None:
 
 
 def test_sglang_drain_pauses_after_the_loads_reach_zero(fake: FakeSglang) -> None:
-    done = dr.drain("decode", fake.url, engine="sglang", client=None, registries=[], timeout=30)
+    done = dr.drain("decode", fake.url, engine=engine_for("sglang"), client=None, registries=[], timeout=30)
     assert done["paused"] == {"status": "ok"}  # plain-text reply treated as opaque success
     posts = [(p, b) for m, p, b in fake.calls if m == "POST"]
     assert posts == [("/pause_generation", {"mode": "abort"})]
@@ -147,7 +148,7 @@ def test_sglang_drain_pauses_after_the_loads_reach_zero(fake: FakeSglang) -> Non
 
 
 def test_embedded_drain_does_not_pause(fake: FakeSglang) -> None:
-    dr.drain("prefill", fake.url, engine="embedded", client=None, registries=[], timeout=30)
+    dr.drain("prefill", fake.url, engine=engine_for("embedded"), client=None, registries=[], timeout=30)
     assert not any(c[1] == "/pause_generation" for c in fake.calls)
 
 
@@ -157,7 +158,7 @@ def test_encoder_drain_unregisters_from_every_registry_then_waits_quiet(fake: Fa
     try:
         for r in regs:
             r.encoders.append(fake.url)
-        done = dr.drain("encoder", fake.url, engine="sglang", client=None,
+        done = dr.drain("encoder", fake.url, engine=engine_for("sglang"), client=None,
                         registries=[r.url for r in regs], timeout=30)
         assert done["registries"] == [r.url for r in regs]
         assert fake.polls["metrics"] > fake.busy_polls  # waited through the busy samples
@@ -219,7 +220,7 @@ def test_router_register_and_remove_a_recorded_sglang_decode(router: RouterClien
     assert dr.router_remove(router, fake.url, timeout=60) is True
     assert router.find(fake.url) is None
     assert dr.router_remove(router, fake.url) is False  # not registered: nothing to do
-    done = dr.drain("decode", fake.url, engine="sglang", client=router, registries=[],
+    done = dr.drain("decode", fake.url, engine=engine_for("sglang"), client=router, registries=[],
                     timeout=30)
     assert done["router"] is False and done["paused"]
 

@@ -62,7 +62,7 @@ def test_decode_becomes_prefill_in_place(cluster) -> None:
     rp, fakes, state, cdir = cluster
     (m,) = rp.moves
     assert (m.worker, m.new_name, m.path) == ("decode-1", "prefill-1", "in-place")
-    rec = Executor(rp, cdir, state, NoRestart(), Options(engine="sglang", verify=False)).run({})
+    rec = Executor(rp, cdir, state, NoRestart(), Options(verify=False)).run({})
     assert rec["outcome"] == "done", rec
     move = rec["moves"][0]
     assert move["taken"] == "in-place" and set(move["steps"]) == {"drain", "switch", "register"}
@@ -82,7 +82,7 @@ def test_a_refused_switch_falls_back_to_restart(cluster) -> None:
     rp, fakes, state, cdir = cluster
     fakes["decode-1"].enabled = False
     with pytest.raises(LaunchError, match="restart path taken"):
-        Executor(rp, cdir, state, NoRestart(), Options(engine="sglang", verify=False)).run({})
+        Executor(rp, cdir, state, NoRestart(), Options(verify=False)).run({})
     (rec,) = history.read(cdir.root)
     move = rec["moves"][0]
     assert rec["outcome"] == "failed" and move["taken"] == "restart"

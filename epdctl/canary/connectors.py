@@ -63,7 +63,9 @@ def _walk(root: str) -> tuple[int, int] | None:
     return files, size
 
 
-def _counters(workers: Sequence[Any], api_key_env: str | None) -> dict[str, float | None]:
+def counters(workers: Sequence[Any], api_key_env: str | None) -> dict[str, float | None]:
+    """Per worker (``name``, ``url``, ``role``): a decode's prompt tokens loaded through the KV
+    connector, another role's finished requests; None where ``/metrics`` does not answer."""
     out: dict[str, float | None] = {}
     for w in workers:
         samples = page(w.url.rstrip("/") + "/metrics", api_key_env=api_key_env)
@@ -89,9 +91,9 @@ def prove(workers: Sequence[Any], stores: Sequence[str], action: Callable[[], An
             out[sub] = (sum(s[0] for s in seen), sum(s[1] for s in seen)) if seen else None
         return out
 
-    c0, s0 = _counters(lead, api_key_env), store()
+    c0, s0 = counters(lead, api_key_env), store()
     result = action()
-    c1, s1 = _counters(lead, api_key_env), store()
+    c1, s1 = counters(lead, api_key_env), store()
     proof = ConnectorProof()
     for w in lead:
         a, b = c0[w.name], c1[w.name]

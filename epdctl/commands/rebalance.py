@@ -29,6 +29,7 @@ def _cluster(arg: str | None) -> tuple[ClusterDir, ClusterState]:
 
 
 def _print_plan(rp: Any) -> None:
+    from epdctl.engines import engine_of
     from epdctl.rebalance.plan import commands_diff, topology_diff
 
     click.echo("moves, in order:")
@@ -44,8 +45,11 @@ def _print_plan(rp: Any) -> None:
     for ln in commands_diff(rp):
         click.secho(ln, fg="green" if ln.startswith("+") else "red" if ln.startswith("-")
                     else None)
-    click.echo("\nprefills are not restarted: their encoder list changes live through their "
-               "encoder registries")
+    if engine_of(rp.before).routed_encoders:
+        click.echo("\nonly the moved workers restart: the router takes them through its /workers")
+    else:
+        click.echo("\nprefills are not restarted: their encoder list changes live through their "
+                   "encoder registries")
 
 
 def _on_step(step: Any) -> None:
@@ -151,7 +155,7 @@ def rebalance(cluster: str | None, d_encoder: str | None, d_prefill: str | None,
                           "older epdctl, which cannot restart a single worker; `epdctl down` it "
                           "and `epdctl up` it again to rebalance it")
     topo = current_topology(cdir, state)
-    opts = Options(engine=topo.engine, model=state.model, api_key_env=state.api_key_env,
+    opts = Options(model=state.model, api_key_env=state.api_key_env,
                    ready_timeout=timeout, drain_timeout=drain_timeout, verify=not no_verify)
     if auto:
         from epdctl.rebalance.auto import Policy

@@ -17,6 +17,7 @@ from epdctl.topology.migrations import canonical_args
 from epdctl.topology.model import Role, Topology, Worker
 
 Problems = Iterator[tuple[str, str]]  # (YAML path, message)
+ROUTED = {Role.PREFILL.value: "prefill", Role.DECODE.value: "decode", Role.COLOCATED.value: "regular"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,11 @@ class Engine:
     reads_api_key: bool = False  # every worker takes the cluster's key (its variable's name on the command)
     warm_standby: bool = False  # a worker started with EPDCTL_STANDBY_FD waits, imports done, for its go
     pauses_on_drain: bool = False  # the drain pauses generation (aborting what is left) once idle
+    idle_gauges: tuple[str, ...] = ()  # /metrics gauges that all read 0 on an idle worker (empty: /v1/loads says)
+    step_counter: str | None = None  # a /metrics series that grows on every engine step (idle_gauges that stay
+    # up while it stands still are stale)
+    routed_encoders: bool = False  # the router sends images to the encoders (registered with it as "encode");
+    # else the prefills call them through their encoder registries
     canary: Canary = Canary()
     package_keys: tuple[str, ...] = ()  # packages whose versions must match on every node
     epd_architectures: tuple[str, ...] | None = None  # architectures encoder disaggregation takes (None: any)
@@ -79,6 +85,13 @@ class Engine:
 
     def worker_command(self, ctx: WorkerContext) -> tuple[tuple[str, ...], dict[str, str]]:
         raise NotImplementedError
+
+    def router_type(self, role: str) -> str | None:
+        """The ``worker_type`` a leader of ``role`` is registered with in the router's
+        ``POST /workers`` (None: the router does not call it)."""
+        if role == Role.ENCODER.value:
+            return "encode" if self.routed_encoders else None
+        return ROUTED.get(role)
 
     def flags(self, role: Role | None = None, module: str | None = None) -> FlagTable:
         """The flag table the worker's engine args are checked against: the engine's, plus the

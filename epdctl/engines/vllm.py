@@ -1,6 +1,9 @@
 """vLLM 0.33.0 and 0.32.0: ``vllm serve`` commands (NixlConnector or MooncakeConnector for KV, the
 EC connector ECExampleConnector for encoder disaggregation, ``--headless`` for node ranks > 0) and
-the engine records. vLLM has no in-place role switch: moves restart.
+the engine records. vLLM has no in-place role switch: a move drains the worker (out of the router,
+then until its own ``vllm:num_requests_running`` and ``vllm:num_requests_waiting`` read 0), stops it
+and starts it in the new role. Its encoders are the router's (epdctl-epd sends each image to one),
+registered with it like the prefills and decodes.
 
 ``transfer.backend: shared-storage`` runs E/P/D without GPUs or RDMA: the encoder writes its
 embeddings (ECExampleConnector) and the prefill its KV blocks (ExampleConnector) as files under
@@ -159,7 +162,9 @@ def _store_problems(topo: Topology) -> Problems:
 
 VLLM_0_33_0 = VLLM(name="vllm", label="vLLM", version="0.33.0", flag_table="vllm", managed_flags=MANAGED,
                    package_keys=("vllm",), command_prefix=2, canary=Canary(connectors=True),
-                   ready_path="/v1/models",
+                   ready_path="/v1/models", routed_encoders=True,
+                   idle_gauges=("vllm:num_requests_running", "vllm:num_requests_waiting"),
+                   step_counter="vllm:iteration_tokens_total_count",
                    imports=ImportTraits(common_names=True, kv_connector=True, ucx_nics=True,
                                         rendered=("--headless", "--kv-transfer-config", "--ec-transfer-config"),
                                         rendered_encoder=("--disable-prefix-caching",)))

@@ -11,8 +11,11 @@ goes to the decode (a colocated worker) after the encoders.
 
 The admin surface is smg's, as epdctl reads it (epdctl/http/routerctl.py): ``GET /health``,
 ``GET /readiness`` (one healthy worker of each role it routes to), ``GET /workers``,
-``POST /workers {url, worker_type}``, ``DELETE /workers/{id}``; workers are health-checked every
-second and leave rotation after two failed checks. ``--prometheus-port`` serves request counters.
+``POST /workers {url, worker_type}`` (encode, prefill, decode: a worker joins or changes role without
+a router restart), ``DELETE /workers/{id}``; workers are health-checked every second and leave
+rotation after two failed checks. A deleted worker leaves rotation at once and stays listed as
+``draining`` until the requests the router sent it have come back, so a caller that waits for it
+to leave ``GET /workers`` knows the router has nothing in flight on it. ``--prometheus-port`` serves request counters.
 With ``--api-key`` every call but the health checks needs ``Authorization: Bearer KEY``.
 Standard library only: it runs on the router's node, where epdctl is installed.
 """
@@ -40,55 +43,82 @@ KV_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engin
 class Worker:
     def __init__(self, wid: str, url: str, kind: str):
         self.id, self.url, self.kind = wid, url.rstrip("/"), kind
-        self.healthy, self.failures, self.load = False, 0, 0
+        self.healthy, self.failures, self.load, self.draining = False, 0, 0, False
 
     def doc(self) -> dict[str, Any]:
+        status = "draining" if self.draining else "ready" if self.healthy else "not_ready"
         return {"id": self.id, "url": self.url, "worker_type": self.kind, "is_healthy": self.healthy,
-                "status": "ready" if self.healthy else "not_ready", "load": self.load,
-                "connection_mode": "http", "runtime_type": "vllm"}
+                "status": status, "load": self.load, "connection_mode": "http", "runtime_type": "vllm"}
 
 
 class Pool:
-    """The workers by role, their health, round-robin picks and counters."""
+    """The workers by role, their health, least-loaded round-robin picks (per role) and counters."""
 
     def __init__(self, failure_threshold: int = 2):
         self.lock = threading.Lock()
         self.workers: dict[str, Worker] = {}
         self.ids = itertools.count(1)
-        self.turn = itertools.count()
+        self.turns: dict[str, itertools.count[int]] = {}
         self.failure_threshold = failure_threshold
         self.counters: dict[str, int] = {}
 
     def add(self, url: str, kind: str) -> Worker:
+        """Register ``url`` as ``kind``; the same URL already listed in that role is kept, in
+        another role (or draining) it is replaced."""
         with self.lock:
-            for w in self.workers.values():
+            for w in list(self.workers.values()):
                 if w.url == url.rstrip("/"):
-                    return w
+                    if w.kind == kind and not w.draining:
+                        return w
+                    del self.workers[w.id]
             w = Worker(f"{kind}-{next(self.ids)}", url, kind)
             self.workers[w.id] = w
             return w
 
     def remove(self, wid: str) -> bool:
+        """Out of rotation now; unlisted once nothing the router sent it is in flight."""
         with self.lock:
-            return self.workers.pop(wid, None) is not None
+            w = self.workers.get(wid)
+            if w is None:
+                return False
+            w.draining = True
+            if w.load == 0:
+                del self.workers[wid]
+            return True
 
     def of(self, kind: str, healthy: bool = True) -> list[Worker]:
+        """``healthy``: the workers a request may go to; else every listed one."""
         with self.lock:
-            return [w for w in self.workers.values() if w.kind == kind and (w.healthy or not healthy)]
+            return [w for w in self.workers.values()
+                    if w.kind == kind and (not healthy or (w.healthy and not w.draining))]
 
-    def pick(self, kind: str) -> Worker:
-        ready = sorted(self.of(kind), key=lambda w: w.load)
-        if not ready:
-            raise Unavailable(f"no healthy {kind} worker")
-        least = [w for w in ready if w.load == ready[0].load]
-        return least[next(self.turn) % len(least)]
+    def take(self, kind: str) -> Worker:
+        """The least-loaded routable worker of ``kind`` (round-robin among equals), its load
+        counted before the lock is let go (a removal cannot miss the request)."""
+        with self.lock:
+            ready = sorted((w for w in self.workers.values() if w.kind == kind and w.healthy and not w.draining),
+                           key=lambda w: w.load)
+            if not ready:
+                raise Unavailable(f"no healthy {kind} worker")
+            least = [w for w in ready if w.load == ready[0].load]
+            w = least[next(self.turns.setdefault(kind, itertools.count())) % len(least)]
+            w.load += 1
+            return w
+
+    def release(self, w: Worker) -> None:
+        with self.lock:
+            w.load -= 1
+            if w.draining and w.load == 0:
+                self.workers.pop(w.id, None)
 
     def count(self, name: str) -> None:
         with self.lock:
             self.counters[name] = self.counters.get(name, 0) + 1
 
     def check(self, timeout: float) -> None:
-        for w in list(self.workers.values()):
+        with self.lock:
+            workers = list(self.workers.values())
+        for w in workers:
             status, _ = call("GET", w.url + "/health", None, timeout)
             ok = status == 200
             w.failures = 0 if ok else w.failures + 1
@@ -171,9 +201,13 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"workers": workers, "total": len(workers), "stats": stats})
         elif self.path == "/v1/models":
             try:
-                status, data = call("GET", pool.pick("decode").url + "/v1/models", None, 10)
+                w = pool.take("decode")
             except Unavailable as e:
                 return self._error(503, str(e))
+            try:
+                status, data = call("GET", w.url + "/v1/models", None, 10)
+            finally:
+                pool.release(w)
             self._send(status or 502, data)
         else:
             self._error(404, f"no route for GET {self.path}")
@@ -218,7 +252,7 @@ class Handler(BaseHTTPRequestHandler):
                 if params:
                     body = {**body, "kv_transfer_params": params}
             t_p = time.monotonic()
-            decode = pool.pick("decode")
+            decode = pool.take("decode")
         except Unavailable as e:
             pool.count("failed")
             return self._error(503, str(e))
@@ -231,12 +265,11 @@ class Handler(BaseHTTPRequestHandler):
                          f"decode {time.monotonic() - t_p:.3f}s via {decode.url}\n")
 
     def _stage(self, kind: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        w = self.server.pool.pick(kind)
-        w.load += 1
+        w = self.server.pool.take(kind)
         try:
             status, data = call("POST", w.url + path, json.dumps(body).encode(), self.server.request_timeout)
         finally:
-            w.load -= 1
+            self.server.pool.release(w)
         if status != 200:
             raise Failed(f"{kind} {w.url} answered {status or 'nothing'}: {data[:300].decode(errors='replace')}")
         doc = json.loads(data)
@@ -259,10 +292,10 @@ class Handler(BaseHTTPRequestHandler):
         return params if isinstance(params, dict) else None
 
     def _relay(self, w: Worker, body: dict[str, Any]) -> None:
-        """The decode's answer to the client as it comes (chunked when the decode streams)."""
+        """The decode's answer to the client as it comes (chunked when the decode streams);
+        ``w`` was taken (its load counted) by the caller and is released here."""
         u = urllib.parse.urlsplit(w.url)
         conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=self.server.request_timeout)
-        w.load += 1
         try:
             conn.request("POST", self.path, body=json.dumps(body).encode(),
                          headers={"Content-Type": "application/json"})
@@ -283,7 +316,7 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             sys.stderr.write(f"decode {w.url} failed: {e}\n")
         finally:
-            w.load -= 1
+            self.server.pool.release(w)
             conn.close()
 
 

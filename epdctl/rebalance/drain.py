@@ -1,10 +1,12 @@
 """Per-role control points of a live move: take a worker out of rotation, drain it, put it back.
 
-prefill/decode: the router (smg ``DELETE /workers/{id}``, asynchronous: wait until it is gone
-from ``GET /workers``), then in-flight work to zero from ``/v1/loads``; SGLang workers are also
-paused (``POST /pause_generation``) so nothing new starts before the stop.
-encoder: unregistered from every prefill's encoder registry (SGLang's EncoderBootstrapServer
-API); it is idle once its queue is empty and its request counter stops moving.
+prefill/decode (and encoders an engine's router calls itself, ``Engine.routed_encoders``: vLLM
+behind epdctl-epd): the router (``DELETE /workers/{id}``, asynchronous: wait until it is gone from
+``GET /workers``), then in-flight work to zero, read where the engine says
+(``Engine.idle_gauges``: vLLM's own ``/metrics`` gauges; else ``/v1/loads``); SGLang workers are
+also paused (``POST /pause_generation``) so nothing new starts before the stop.
+other encoders: unregistered from every prefill's encoder registry (SGLang's EncoderBootstrapServer
+API); such an encoder is idle once its queue is empty and its request counter stops moving.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import time
 from typing import Any, Callable
 
-from epdctl.engines import engine_for
+from epdctl.engines.base import Engine
 from epdctl.http import metrics
 from epdctl.errors import ProbeError
 from epdctl.http.probes import get_loads, http
@@ -139,6 +141,55 @@ def wait_loads_idle(url: str, timeout: float, quiet: float = 0.3) -> None:
         raise DrainError(f"{url} still has requests in flight after {timeout:.0f}s (/v1/loads)")
 
 
+def _gauges_read_zero(url: str, m: dict[str, float], gauges: tuple[str, ...]) -> bool:
+    if not m:
+        return True  # it does not answer: nothing runs on it
+    missing = [g for g in gauges if g not in m]
+    if missing:
+        raise DrainError(f"{url}/metrics has no {', '.join(missing)}: cannot tell when it is idle; "
+                         "is it the engine and version the topology names?")
+    return all(m[g] == 0 for g in gauges)
+
+
+def gauges_idle(url: str, gauges: tuple[str, ...], api_key_env: str | None) -> bool:
+    """Every one of ``gauges`` on the worker's ``/metrics`` reads 0 (summed over its label sets).
+    A worker that does not answer counts as idle (nothing runs on it); one that answers without
+    the gauges cannot say and raises."""
+    return _gauges_read_zero(url, metrics.worker(url, api_key_env=api_key_env), gauges)
+
+
+def wait_gauges_idle(url: str, gauges: tuple[str, ...], timeout: float, quiet: float = 0.5, *,
+                     api_key_env: str | None, step_counter: str | None = None, settle: float = 5.0) -> None:
+    """Idle per ``gauges`` and still idle ``quiet`` seconds later (a request the router sent just
+    before the removal is counted by then, once the server has read and prepared it).
+
+    ``step_counter``: a series the engine adds to on every step. vLLM publishes its gauges with
+    a step's output, so a request that ends outside a step (a stop string the API server found)
+    leaves them above 0 on an idle server; gauges that stay up while the engine has not stepped
+    for ``settle`` seconds are stale, and the worker is idle (the router, drained first, has
+    nothing in flight on it)."""
+    deadline = time.monotonic() + timeout
+    steps: float | None = None
+    since = time.monotonic()
+    while True:
+        m = metrics.worker(url, api_key_env=api_key_env)
+        if _gauges_read_zero(url, m, gauges):
+            time.sleep(quiet)
+            if gauges_idle(url, gauges, api_key_env):
+                return
+        elif step_counter is not None:
+            if m.get(step_counter) != steps:
+                steps, since = m.get(step_counter), time.monotonic()
+            elif time.monotonic() - since >= settle:
+                log.info("%s: %s stand above 0 but %s has not moved for %.0fs: stale, idle",
+                         url, " + ".join(gauges), step_counter, settle)
+                return
+        if time.monotonic() >= deadline:
+            raise DrainError(f"{url} still has requests running or waiting after {timeout:.0f}s "
+                             f"({' + '.join(gauges)} on its /metrics)")
+        time.sleep(0.25)
+
+
 def _sum(values: dict[str, float], suffix: str) -> float:
     return sum(v for k, v in values.items() if k.endswith(suffix))
 
@@ -184,17 +235,20 @@ def continue_generation(url: str) -> None:
         raise DrainError(f"{url}: POST /continue_generation -> HTTP {r.status} {r.error}")
 
 
-def drain(role: str, url: str, *, engine: str, client: RouterClient | None,
+def drain(role: str, url: str, *, engine: Engine, client: RouterClient | None,
           registries: list[str], timeout: float, api_key_env: str | None = None) -> dict[str, Any]:
     """Take one worker out of service and wait for it to go idle; what was done, for undo."""
     done: dict[str, Any] = {"router": False, "registries": []}
-    if role == "encoder":
+    if role == "encoder" and not engine.routed_encoders:
         done["registries"] = unregister_encoder(registries, url, api_key_env)
         wait_encoder_idle(url, timeout, api_key_env=api_key_env)
         return done
     if client is not None:
         done["router"] = router_remove(client, url, timeout=timeout)
-    wait_loads_idle(url, timeout)
-    if engine_for(engine).pauses_on_drain:
+    if engine.idle_gauges:
+        wait_gauges_idle(url, engine.idle_gauges, timeout, api_key_env=api_key_env, step_counter=engine.step_counter)
+    else:
+        wait_loads_idle(url, timeout)
+    if engine.pauses_on_drain:
         done["paused"] = pause_generation(url, "abort")
     return done

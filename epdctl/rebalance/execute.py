@@ -1,6 +1,7 @@
 """Run a planned rebalance on a live cluster, one worker at a time, with rollback.
 
-Per move: drain (out of the router / encoder registries, in-flight to zero) -> stop -> start in
+Per move: drain (out of the router / encoder registries, in-flight to zero) -> switch in place
+where the engine can (``Engine.switch``), else stop -> start in
 the new role through the cluster's launcher, with `up`'s own ``BringUp.start`` + ``wait`` (on
 SLURM: a new job step in the running allocation) -> register (router
 ``POST /workers`` or every prefill's encoder registry) -> verify a real transfer through the
@@ -20,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from epdctl.engines import engine_for
+from epdctl.engines import engine_of
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers.base import Launcher
 from epdctl.orchestrate.lifecycle import BringUp
@@ -46,7 +47,6 @@ INJECT_ENV = "EPDCTL_REBALANCE_TEST_INJECT_ARGS"
 
 @dataclass
 class Options:
-    engine: str = "embedded"
     model: str | None = None
     api_key_env: str | None = None
     ready_timeout: float = 300.0
@@ -67,6 +67,7 @@ class Executor:
         self.launcher = launcher
         self.opts = opts
         self.on_step = on_step or (lambda s: None)
+        self.engine = engine_of(rp.before)
         router = state.router
         self.client = (RouterClient(router.url, state.api_key_env) if router is not None
                        else None)
@@ -119,7 +120,7 @@ class Executor:
         undo: dict[str, Any] = {}
         try:
             with timed("drain"):
-                undo = dr.drain(m.old_role, old[0].url, engine=self.opts.engine,
+                undo = dr.drain(m.old_role, old[0].url, engine=self.engine,
                                 client=self.client, registries=regs,
                                 timeout=self.opts.drain_timeout, api_key_env=self.state.api_key_env)
         except EpdctlError as e:
@@ -165,7 +166,7 @@ class Executor:
                   timed: Timer) -> bool:
         """Switch the drained worker's role in its running process; False: restart it instead."""
         recs = self.state.ranks(m.worker)
-        switch = engine_for(self.state.engine).switch
+        switch = self.engine.switch
         if not recs or switch is None or not recs[0].switchable:
             res.note = ("its process was not started switchable (rebalance.in_place is false, or "
                         "`up` ran before in place was the default: up again)")
@@ -228,20 +229,23 @@ class Executor:
             r.argv += inject
             r.restart = next((dict(p.restart) for p in self.state.processes
                               if p.role == r.role and p.restart),
-                             {**RestartPolicy().to_dict(), "standby": engine_for(self.state.engine).warm_standby})
+                             {**RestartPolicy().to_dict(), "standby": self.engine.warm_standby})
         self._bring_up.start(recs)
         return recs
 
     # -- registration --------------------------------------------------------------------------
 
     def _register(self, role: str, spec: ProcessSpec, regs: list[str]) -> None:
-        if role == "encoder":
+        """Into service in ``role``: the prefills' encoder registries, or the router (as the
+        engine's router calls a worker of that role)."""
+        if role == "encoder" and not self.engine.routed_encoders:
             dr.register_encoder(regs, spec.url, api_key_env=self.state.api_key_env)
             return
-        if self.client is None or spec.router_type is None:
+        kind = self.engine.router_type(role)
+        if self.client is None or kind is None:
             return
         if self.client.find(spec.url) is None:
-            wid = dr.router_add(self.client, spec.url, spec.router_type,
+            wid = dr.router_add(self.client, spec.url, kind,
                                 bootstrap_port=spec.bootstrap_port, model=self.opts.model,
                                 timeout=self.opts.drain_timeout)
             rec = self.state.find(spec.name)
@@ -251,7 +255,7 @@ class Executor:
 
     def _deregister(self, role: str, spec: ProcessSpec, regs: list[str]) -> None:
         try:
-            if role == "encoder":
+            if role == "encoder" and not self.engine.routed_encoders:
                 dr.unregister_encoder(regs, spec.url, self.state.api_key_env)
             elif self.client is not None:
                 dr.router_remove(self.client, spec.url, timeout=self.opts.drain_timeout)
@@ -262,6 +266,6 @@ class Executor:
 
     def _verify(self, spec: ProcessSpec, role: str, plan: Plan) -> dict[str, Any]:
         router = self.state.router
-        return links.verify(spec, role, plan, router_url=router.url if router else None,
+        return links.verify(spec, role, plan, engine=self.engine, router_url=router.url if router else None,
                             model=self.opts.model, api_key_env=self.state.api_key_env,
                             attempts=self.opts.verify_attempts)

@@ -6,15 +6,21 @@ traffic at all. For prefill/decode the check therefore does what the router does
 same request to a prefill and a decode with one bootstrap room, and the answer must be well
 formed and the moved worker's transport byte counter must grow. Encoders are reached through
 the router (the prefills place images on encoders by content hash, so a few canaries suffice).
+vLLM's workers are reached through the router too (epdctl-epd picks the least-loaded worker of a
+role, round-robin among equals, so a new worker is reached within a few canaries), and its own
+counters say it served: a decode's prompt tokens loaded through the KV connector, another
+role's finished requests.
 """
 
 from __future__ import annotations
 
 import random
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from epdctl.engines.base import Engine
 from epdctl.errors import ProbeError
 from epdctl.http.probes import http
 from epdctl.rebalance.drain import transfer_bytes
@@ -70,19 +76,23 @@ def pd_pair(prefill: Any, decode: Any, model: str | None, seed: int = 0,
     return {"answer": _answer(rd.json(), n, decode.name), "pair": f"{prefill.name}->{decode.name}"}
 
 
-def verify(spec: Any, role: str, plan: Plan, *, router_url: str | None, model: str | None,
+def verify(spec: Any, role: str, plan: Plan, *, engine: Engine, router_url: str | None, model: str | None,
            api_key_env: str | None, attempts: int = 8) -> dict[str, Any]:
-    """Bytes moved through ``spec`` in its new role; ProbeError when nothing moved."""
-    start = transfer_bytes(spec.url, api_key_env)
+    """Data moved through ``spec`` in its new role; ProbeError when nothing moved. An engine whose
+    pairs cannot be driven directly (vLLM: ``Canary.connectors``) is checked through the router,
+    which spreads requests over a role's workers, by the worker's own counters."""
+    counted = _counter(spec, role, engine, api_key_env)
+    start = counted()
     leaders = [w for w in plan.workers if w.is_leader and w.name != spec.name]
+    direct = not engine.canary.connectors
     detail: dict[str, Any] = {}
     for attempt in range(attempts):
-        if role == "decode":
+        if direct and role == "decode":
             pre = next((w for w in leaders if w.role == "prefill"), None)
             if pre is None:
                 raise ProbeError("link check: no prefill to pair the new decode with")
             detail = pd_pair(pre, spec, model, seed=attempt)
-        elif role == "prefill":
+        elif direct and role == "prefill":
             dec = next((w for w in leaders if w.role == "decode"), None)
             if dec is None:
                 raise ProbeError("link check: no decode to pair the new prefill with")
@@ -95,8 +105,28 @@ def verify(spec: Any, role: str, plan: Plan, *, router_url: str | None, model: s
             c = run_canary(router_url, model=model, api_key_env=api_key_env, n_images=4,
                            seed=1000 + attempt)
             detail = {"answer": c.answer, "correct": c.correct}
-        moved = transfer_bytes(spec.url, api_key_env) - start
+        moved = counted() - start
         if moved > 0:
-            return {**detail, "bytes": moved, "requests": attempt + 1}
-    raise ProbeError(f"link check: {spec.name} ({role}) moved no bytes over its transport "
-                     f"after {attempts} requests")
+            unit = "bytes" if direct else "kv_tokens" if role == "decode" else "served"
+            return {**detail, unit: moved, "requests": attempt + 1}
+    what = ("loaded no KV through its connector" if engine.canary.connectors and role == "decode" else
+            "served no request" if engine.canary.connectors else "moved no bytes over its transport")
+    raise ProbeError(f"link check: {spec.name} ({role}) {what} after {attempts} requests")
+
+
+def _counter(spec: Any, role: str, engine: Engine, api_key_env: str | None) -> Callable[[], float]:
+    """What grows when data goes through ``spec``: its transport bytes, or (vLLM's connectors) a
+    decode's prompt tokens loaded through the KV connector, another role's finished requests."""
+    if not engine.canary.connectors:
+        return lambda: transfer_bytes(spec.url, api_key_env)
+    from epdctl.canary.connectors import counters
+
+    probe = _Probe(spec.name, spec.url, role)
+    return lambda: counters([probe], api_key_env).get(spec.name) or 0.0
+
+
+@dataclass(frozen=True)
+class _Probe:
+    name: str
+    url: str
+    role: str
