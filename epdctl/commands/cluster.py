@@ -170,8 +170,9 @@ def up(topology: Path, launcher_name: str | None, no_canary: bool, no_check: boo
                 if hint := key_hint(state):
                     click.echo(hint, err=True)
             cdir.save(state)
-            if launcher.nodes_known:  # elsewhere (SLURM) the engine makes them on first write
-                stores.prepare(launcher, plan.stores)
+            # on the nodes, the way the launcher runs programs there (SLURM: a step of the
+            # allocation, obtained here when `up` has none yet)
+            stores.prepare(launcher, plan.stores)
             click.echo(f"cluster {topo.name}: {len(plan.workers)} workers"
                        f"{' + router' if plan.router else ''}; logs in {cdir.log_dir}")
             if timeout is None:

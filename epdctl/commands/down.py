@@ -92,6 +92,7 @@ def down(cluster: str | None, grace: float, force: bool) -> None:
     if cdir is None:
         return
     t0 = time.monotonic()
+    kept: dict[str, Exception] = {}  # node -> why its transfer store is still there
     with cdir.lock("down"), kept_current(cdir):
         state: ClusterState | None
         try:
@@ -108,14 +109,18 @@ def down(cluster: str | None, grace: float, force: bool) -> None:
         n = len(state.processes) if state else 0
         click.echo(f"stopping cluster {cdir.name} ({n} recorded processes) ...")
         try:
-            res, strays = tear_down(state, launcher, grace=grace)
+            res, strays = tear_down(state, launcher, grace=grace, release=False)
             polled = launcher.poll(state.processes) if state else Results[Status]()
-            if state is not None and state.stores and res.all_ok and launcher.nodes_known:
+            if state is not None and state.stores and res.all_ok:
+                # on the nodes, the way the launcher runs programs there (SLURM: a step of the
+                # allocation, which is why it is given back only after this)
                 gone = stores.remove(launcher, state.stores)
-                res.failed.update({f"{n} (store)": e for n, e in gone.failed.items()})
+                kept = gone.failed
                 if gone.ok:
                     click.echo(f"removed the transfer store on {', '.join(gone.ok)}: "
                                f"{', '.join(sorted({d for ds in state.stores.values() for d in ds}))}")
+            if res.all_ok:
+                launcher.release()
         finally:
             launcher.close()
         for r in strays:
@@ -129,6 +134,10 @@ def down(cluster: str | None, grace: float, force: bool) -> None:
                 raise LaunchError(_unfinished(cdir.name, n_all, left, res, polled))
             res.raise_if_failed(f"stopping cluster {cdir.name}")
         cdir.clear()
+    if kept:  # every process stopped and is forgotten; only files are left, said where
+        lines = "\n".join(f"  {e}" for e in kept.values())
+        raise LaunchError(f"cluster {cdir.name} stopped, but its transfer store is still on "
+                          f"{len(kept)} node(s):\n{lines}\nremove it there by hand")
     if state is None and not strays:
         click.echo(f"cluster {cdir.name!r}: nothing recorded; nothing to stop (no process "
                    "carries its marker)")

@@ -321,12 +321,13 @@ class BringUp:
             f"{rec.log}:\n{tail(Path(rec.log), 15)}")
 
 
-def tear_down(state: ClusterState | None, launcher: Launcher, grace: float = 15.0
+def tear_down(state: ClusterState | None, launcher: Launcher, grace: float = 15.0, release: bool = True
               ) -> tuple[Results[None], list[ProcessRecord]]:
     """Stop every recorded process (all at once: smg alone takes 5-8 s to exit), then every
     process still carrying the cluster's marker (a state emptied, edited, damaged or deleted
-    leaves some unrecorded); then give back what `up` acquired (a SLURM allocation) when
-    everything stopped. Returns the results and the unrecorded processes that were found.
+    leaves some unrecorded); then, with ``release``, give back what `up` acquired (a SLURM
+    allocation) when everything stopped (`down` releases it itself, after removing the transfer
+    store through that allocation). Returns the results and the unrecorded processes found.
 
     A recorded process whose stop failed (its node did not answer) is no stray: it is left to
     its own node and its record to a later `down`, also where nodes share a machine and
@@ -347,6 +348,6 @@ def tear_down(state: ClusterState | None, launcher: Launcher, grace: float = 15.
                            for r in strays if r.name in more.failed})
     if sweep_error is not None:
         res.failed["(search)"] = sweep_error
-    if res.all_ok:
+    if res.all_ok and release:
         launcher.release()
     return res, strays

@@ -3,8 +3,10 @@ ECExampleConnector under ``transfer.backend: shared-storage``): `up` makes each 
 the workers start, so no file of an earlier run is read as this run's, and `down` removes them
 once every process stopped. The engines never prune them: whatever holds the cluster does.
 
-Each node's directories are handled by one command through the launcher's own way of running
-things on that node (``Launcher.node_runners``: this machine, or ssh with its host-key policy).
+The store lives on the nodes, so each node's directories are handled by one short program run
+there the way the launcher runs programs to completion on its nodes (``Launcher.node_jobs``):
+a process on this machine, a command over the launcher's SSH connections, a job step inside the
+SLURM allocation. All nodes at once; never a local ``rm`` of a path that is the node's.
 """
 
 from __future__ import annotations
@@ -13,19 +15,26 @@ from typing import Mapping, Sequence
 
 from epdctl.errors import EpdctlError, LaunchError
 from epdctl.launchers.base import Launcher, Results
+from epdctl.launchers.streams import LineStream
 
-# argv: "fresh"|"remove" DIR...; refuses what cannot be a store epdctl made
+# argv: "fresh"|"remove" DIR...; refuses what cannot be a store epdctl made. Nodes that share
+# the store's filesystem (``shared: true``) run this on the same directory at once: a removal
+# that races another node's is tried again, and the directory may already be there.
 _CODE = """
-import os, shutil, sys
+import os, shutil, sys, time
 how, dirs = sys.argv[1], sys.argv[2:]
 for d in dirs:
     if not os.path.isabs(d) or os.path.realpath(d) in ("/", os.path.expanduser("~")):
         sys.exit("refusing to touch " + repr(d))
-    shutil.rmtree(d, ignore_errors=True)
-    if os.path.exists(d):
+    for _ in range(10):
+        shutil.rmtree(d, ignore_errors=True)
+        if not os.path.exists(d):
+            break
+        time.sleep(0.2)
+    else:
         sys.exit("could not remove " + d)
     if how == "fresh":
-        os.makedirs(d, mode=0o700)
+        os.makedirs(d, mode=0o700, exist_ok=True)
 """
 
 
@@ -34,22 +43,34 @@ def _each(launcher: Launcher, stores: Mapping[str, Sequence[str]], how: str) -> 
     todo = {node: list(dirs) for node, dirs in stores.items() if dirs}
     if not todo:
         return res
+
+    def failed(node: str, why: object) -> None:
+        res.failed[node] = LaunchError(f"[{node}] store {' '.join(todo[node])}: {why}")
+
     try:
-        runners = launcher.node_runners(list(todo))
-    except EpdctlError as e:  # e.g. a launcher that cannot reach its nodes without the topology
-        return Results[None](failed={n: LaunchError(f"[{n}] store {' '.join(d)}: {e}") for n, d in todo.items()})
-    for node, dirs in todo.items():
-        runner = runners[node]
+        jobs = launcher.node_jobs(list(todo))
+    except EpdctlError as e:  # e.g. no allocation to run a step in, a node that cannot be reached
+        for node in todo:
+            failed(node, e)
+        return res
+    running: dict[str, LineStream] = {}
+    for node, dirs in todo.items():  # every node at once (an ssh session, a SLURM step each)
+        job = jobs[node]
         try:
-            done = runner.run([runner.python, "-c", _CODE, how, *dirs], timeout=60)
+            running[node] = job.start([job.python, "-c", _CODE, how, *dirs], b"")
         except EpdctlError as e:
-            res.failed[node] = LaunchError(f"[{node}] store {' '.join(dirs)}: {e}")
+            failed(node, e)
+    for node, stream in running.items():
+        try:
+            out = "".join(stream.lines())
+            rc, err = stream.finish()
+        except (EpdctlError, OSError) as e:
+            failed(node, e)
             continue
-        if done.rc == 0:
+        if rc == 0:
             res.ok[node] = None
         else:
-            res.failed[node] = LaunchError(f"[{node}] store {' '.join(dirs)}: "
-                                           f"{(done.stderr or done.stdout).strip()[-300:]}")
+            failed(node, (err or out).strip()[-300:] or f"exit status {rc}")
     return res
 
 
@@ -59,5 +80,6 @@ def prepare(launcher: Launcher, stores: Mapping[str, Sequence[str]]) -> None:
 
 
 def remove(launcher: Launcher, stores: Mapping[str, Sequence[str]]) -> Results[None]:
-    """Remove every store directory (``down``, after its processes stopped)."""
+    """Remove every store directory (``down``, after its processes stopped, before the launcher
+    gives back what holds the nodes)."""
     return _each(launcher, stores, "remove")

@@ -17,6 +17,7 @@ from epdctl.preflight.links import LinkResult
 from epdctl.preflight.engine_version import engine_items
 from epdctl.preflight.node_checks import CheckItem, Facts, check_node, check_versions
 from epdctl.preflight.runners import NodeRunner
+from epdctl.preflight.store_check import store_items
 from epdctl.topology.model import Topology
 from epdctl.render.plan import Plan
 
@@ -95,7 +96,9 @@ def run_check(topo: Topology, runners: Mapping[str, NodeRunner], *, plan: Plan |
                                           f"unexpected error judging this node ({type(e).__name__}:"
                                           f" {e}); the other nodes were judged"))
     report.items += check_versions(facts, targets.version_keys(topo))
-    report.items += engine_items(topo, {n: runners[n] for n in nodes if n in runners})
+    reached = {n: runners[n] for n in nodes if n in runners}
+    report.items += engine_items(topo, reached)
+    report.items += store_items(topo, reached, min_free_gb=min_disk_gb)
     report.facts = facts
     if links:
         eps = {n: targets.endpoints(topo, n) for n in nodes}
