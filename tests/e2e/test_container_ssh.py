@@ -3,9 +3,10 @@
 router on node-a's host): each node's podman, started through that node's sshd by the ssh
 launcher, runs that node's worker. Through the real CLI: the canary answered, every worker inside
 its container (own mount namespace, podman's cgroup), containers labelled with the cluster and
-node, `status` showing the image and its id, `logs` reading the container's output, a bad image
-reported with podman's own error, and `down` leaving no container and no process, also with the
-state damaged. One cluster for the module; sshd on port 32300, cluster ports 32310-32389."""
+node, `check` probing each node's container, `status` showing the image and its id, `logs`
+reading the container's output, a bad image reported with podman's own error, and `down` leaving
+no container and no process, also with the state damaged. One cluster for the module; sshd on
+port 32300, cluster ports 32310-32389."""
 
 from __future__ import annotations
 
@@ -148,6 +149,23 @@ def test_logs_read_the_containers_output(cluster: tuple[dict[str, str], str]) ->
     proc = _epdctl(env, "logs", "prefill-0", "--cluster", NAME, "--lines", "400")
     assert "prefill INFO epdctl.runtime" in proc.stdout and "listening on http://127.0.0.3:323" in proc.stdout, \
         proc.stdout + proc.stderr
+
+
+def test_check_probes_each_nodes_container_over_ssh(sshd: SshdNodes, tmp_path: Path,  # noqa: F811
+                                                     cluster: tuple[dict[str, str], str]) -> None:
+    """`epdctl check`: each node's podman, the image's id there, memlock read inside a probe
+    container started through that node's sshd with the worker's options."""
+    env, _ = cluster
+    image_id = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", IMAGE],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    proc = _epdctl(env, "check", str(topology(tmp_path, sshd)), "--json")
+    items = {(i["node"], i["check"]): i for i in json.loads(proc.stdout)["checks"]}
+    for node, worker in ((n, w) for w, n in NODE_OF.items()):
+        assert items[(node, "container runtime")]["level"] == "ok"
+        assert f"({worker}) present, id sha256:{image_id[:12]}" in items[(node, "container image")]["detail"]
+        mem = items[(node, "container memlock")]
+        assert mem["level"] == "warn" and "limited to 8192 KiB" in mem["detail"], mem
+    assert ("node-a", "container probe") not in items
 
 
 def test_a_bad_image_is_reported_with_the_runtimes_error(sshd: SshdNodes, tmp_path: Path,  # noqa: F811
