@@ -50,6 +50,28 @@ def test_layers_merge_like_other_settings() -> None:
     assert pre.shm_size == "32g" and enc.shm_size is None and pre.image == enc.image
 
 
+def test_container_false_opts_a_worker_out_and_the_schema_allows_it() -> None:
+    """`container: false` on one worker runs it bare while its role's others stay boxed; the JSON
+    schema takes false (and only false) where a container block goes."""
+    import jsonschema
+
+    from epdctl.topology.jsonschema_gen import generate
+
+    doc = yaml.safe_load(_with(QWEN, container={"image": "lmsysorg/sglang:v0.5.3"}))
+    role = doc["roles"]["decode"]
+    del role["count"]
+    role["workers"] = [{"nodes": ["d0"], "container": False}, {"nodes": ["d0"]}]
+    plan = build_plan(topology_from_text(yaml.safe_dump(doc, sort_keys=False), ROOT / "topologies" / "t.yaml"))
+    bare = {w.name: w.container is None for w in plan.workers}
+    assert bare["decode-0"] and not bare["decode-1"] and not bare["prefill-0"], bare
+    assert plan.workers[[w.name for w in plan.workers].index("decode-0")].argv[0] != "docker"
+    validator = jsonschema.Draft202012Validator(generate())
+    doc["roles"]["encoder"]["container"] = False
+    assert not list(validator.iter_errors(doc))
+    doc["roles"]["encoder"]["container"] = True
+    assert list(validator.iter_errors(doc))
+
+
 def test_docker_defaults_follow_the_anchors() -> None:
     """--network host --ipc host, the worker's GPUs, memlock=-1, /dev/infiniband and IPC_LOCK on ib
     NICs, a per-process name with the cluster and labels; the model's HF repository root mounted."""
@@ -64,7 +86,7 @@ def test_docker_defaults_follow_the_anchors() -> None:
     assert opts[:6] == ["docker", "run", "--rm", "--init", "--name", "epdctl-qwen2vl-epd-prefill-1"]
     for flag in ("--network=host", "--ipc=host", "--gpus", '"device=4,5,6,7"', "/dev/infiniband", "IPC_LOCK",
                  "memlock=-1:-1", "32g", "/hf/hub/models--Qwen--Qwen2-VL-7B-Instruct:/hf/hub/models--Qwen--"
-                 "Qwen2-VL-7B-Instruct:ro", "epdctl.cluster=qwen2vl-epd", "epdctl.process=prefill-1"):
+                 "Qwen2-VL-7B-Instruct:ro", "epdctl.cluster=qwen2vl-epd", f"epdctl.node={w.node}", "epdctl.process=prefill-1"):
         assert flag in opts, flag
     assert inner[:3] == ["python3", "-m", "sglang.launch_server"] and snap in inner
     assert w.container is not None and w.container_name == "epdctl-qwen2vl-epd-prefill-1"

@@ -112,3 +112,19 @@ def test_diff_of_what_is_not_a_lock(tmp_path: Path) -> None:
     bad.write_text("name: x\n")
     res = CliRunner().invoke(cli, ["diff", str(bad), str(bad)])
     assert isinstance(res.exception, EpdctlError) and "not an epdctl lock" in str(res.exception)
+
+
+def test_lock_keeps_the_image_and_its_id_per_node() -> None:
+    """A container topology: the images the workers run, and each node's image id as the
+    preflight's `container image` check found it; another id on a node is a diff."""
+    topo = load_topology(ROOT / "topologies" / "local-container.yaml")
+    image_id = "783477a53a95716706b0cd088424639309f4a41c23566cd90afb8cfd85531138"  # podman image inspect
+    doc = build_lock(topo, build_plan(topo), [_facts("local")], None,
+                     {"local": {"localhost/epdctl-runtime:bookworm": image_id}})
+    assert doc["container"] == {"images": ["localhost/epdctl-runtime:bookworm"],
+                                "image_digest": {"local": {"localhost/epdctl-runtime:bookworm": image_id}}}
+    other = copy.deepcopy(doc)
+    other["container"]["image_digest"]["local"]["localhost/epdctl-runtime:bookworm"] = "0" * 64
+    changes = lockdiff.diff(doc, other)
+    assert [c.path for c in changes] == ["container.image_digest.local.localhost/epdctl-runtime:bookworm"]
+    assert build_lock(topo, build_plan(topo), None)["container"]["image_digest"] is None  # no preflight

@@ -26,7 +26,8 @@ def planned_lock(topo: Any, plan: Any, report: Any, run_dir: Path | None = None)
             digest = Manifest.from_json((run_dir / MANIFEST_FILE).read_text()).digest
         except (OSError, ValueError, KeyError):
             digest = None
-    return build_lock(topo, plan, report.facts if report is not None else None, digest)
+    return build_lock(topo, plan, report.facts if report is not None else None, digest,
+                      report.images if report is not None else None)
 
 
 def refuse_unless_locked(doc: dict[str, Any], locked: Path) -> None:

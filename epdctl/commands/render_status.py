@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from epdctl.containers.base import short_id
 from epdctl.orchestrate.lifecycle import Event
 from epdctl.orchestrate.observe import ClusterView
 
@@ -129,7 +130,8 @@ def render_status(view: ClusterView, color: bool = True) -> str:
     images: dict[str, list[str]] = {}
     for w in view.workers:
         if w.image:
-            images.setdefault(w.image, []).append(w.name)
+            images.setdefault(w.image + (f" ({short_id(w.image_digest)})" if w.image_digest else ""),
+                              []).append(w.name)
     if images:
         out += ["", "containers:"] + [f"  {image}: {', '.join(names)}" for image, names in images.items()]
     restarted = [w for w in view.workers if w.last_exit]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from epdctl.containers.spec import Container
 
-LABEL_CLUSTER, LABEL_PROCESS = "epdctl.cluster", "epdctl.process"
+LABEL_CLUSTER, LABEL_NODE, LABEL_PROCESS = "epdctl.cluster", "epdctl.node", "epdctl.process"
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,21 @@ class ContainerRuntime:
         process: apptainer, SLURM steps)."""
         return None
 
-    def find(self, c: Container, cluster: str) -> tuple[str, ...] | None:
-        """A command printing the names of the containers labelled with ``cluster``, one a line."""
+    def find(self, c: Container, cluster: str, node: str | None = None) -> tuple[str, ...] | None:
+        """A command printing the names of the containers labelled with ``cluster`` (and
+        ``node`` when given), running or not, one a line (None: nothing outlives the process)."""
         return None
 
     def image_digest(self, c: Container) -> tuple[str, ...] | None:
-        """A command printing the image's digest (None: the runtime has none to ask)."""
+        """A command printing the image's id or digest (None: the runtime has none to ask)."""
+        return None
+
+    def version(self, c: Container) -> tuple[str, ...]:
+        """A command that succeeds where the runtime is installed (preflight)."""
+        return (self.program, "--version")
+
+    def pull(self, c: Container) -> tuple[str, ...] | None:
+        """How an operator fetches a missing image (for messages; None: the image is a file)."""
         return None
 
 
@@ -69,3 +78,8 @@ def ulimit_value(value: str) -> str:
 
 def mount_text(source: str, target: str, readonly: bool, ro: str = "ro") -> str:
     return f"{source}:{target}" + (f":{ro}" if readonly else "")
+
+
+def short_id(image_id: str) -> str:
+    """``sha256:`` and the first 12 hex digits of an image id, as the runtimes' image lists show it."""
+    return "sha256:" + image_id.split(":", 1)[-1][:12]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from epdctl.containers.base import LABEL_CLUSTER, ContainerRuntime, Run, mount_text, ulimit_value
+from epdctl.containers.base import LABEL_CLUSTER, LABEL_NODE, ContainerRuntime, Run, mount_text, ulimit_value
 from epdctl.containers.spec import Container
 
 # distribution/reference (the grammar docker and podman parse): [domain[:port]/]path[:tag][@digest]
@@ -66,9 +66,13 @@ class OciCli(ContainerRuntime):
     def remove(self, c: Container, names: tuple[str, ...]) -> tuple[str, ...] | None:
         return (self.program, *c.options, "rm", *self.remove_options, *names) if names else None
 
-    def find(self, c: Container, cluster: str) -> tuple[str, ...] | None:
-        return (self.program, *c.options, "ps", "--all", "--filter", f"label={LABEL_CLUSTER}={cluster}",
+    def find(self, c: Container, cluster: str, node: str | None = None) -> tuple[str, ...] | None:
+        where = [f"label={LABEL_CLUSTER}={cluster}", *([f"label={LABEL_NODE}={node}"] if node else [])]
+        return (self.program, *c.options, "ps", "--all", *[a for w in where for a in ("--filter", w)],
                 "--format", "{{.Names}}")
+
+    def pull(self, c: Container) -> tuple[str, ...] | None:
+        return (self.program, *c.options, "pull", c.image)
 
     def image_digest(self, c: Container) -> tuple[str, ...] | None:
         return (self.program, *c.options, "image", "inspect", "--format", "{{.Id}}", c.image)

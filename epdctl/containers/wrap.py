@@ -9,7 +9,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from epdctl.containers.base import LABEL_PROCESS, Run
+from epdctl.containers.base import LABEL_NODE, LABEL_PROCESS, Run
 from epdctl.containers.registry import runtime_for
 from epdctl.topology.container import IB_DEVICE, rdma_nics
 from epdctl.topology.model import Container, Mount, Topology, Worker
@@ -82,7 +82,7 @@ def wrapped(topo: Topology, w: Worker, node: str, process: str, argv: tuple[str,
     name = container_name(topo.name, process)
     run = Run(name=name, cluster=topo.name, process=process,
               env_names=tuple(dict.fromkeys([*env_names, *MARKERS])), gpus=gpus,
-              rdma=bool(rdma_nics(topo, w, node)), labels={LABEL_PROCESS: process})
+              rdma=bool(rdma_nics(topo, w, node)), labels={LABEL_NODE: node, LABEL_PROCESS: process})
     runtime = runtime_for(c.runtime)
     if runtime.step:
         return c, name, argv, runtime.step_options(c, run)

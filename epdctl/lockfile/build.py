@@ -78,12 +78,14 @@ def _model(topo: Topology, manifest_sha256: str | None) -> dict[str, Any]:
     return out
 
 
-def _container(topo: Any) -> dict[str, Any] | None:
-    """The image and its digest where the topology runs containers (a ``container:`` block)."""
-    c = getattr(topo, "container", None)
-    if c is None:
+def _container(plan: Plan, images: Mapping[str, Mapping[str, str]] | None) -> dict[str, Any] | None:
+    """The images the workers run (a ``container:`` block) and, per node, each image's id as the
+    preflight found it there (``image_digest``; None when the preflight did not run)."""
+    refs = sorted({w.container.image for w in plan.workers if w.container is not None})
+    if not refs:
         return None
-    return {"image": getattr(c, "image", None), "digest": getattr(c, "digest", None)}
+    return {"images": refs,
+            "image_digest": None if images is None else {n: dict(sorted(v.items())) for n, v in sorted(images.items())}}
 
 
 def node_facts(f: Facts, keys: Iterable[str]) -> dict[str, Any]:
@@ -107,7 +109,8 @@ def node_facts(f: Facts, keys: Iterable[str]) -> dict[str, Any]:
 
 
 def build_lock(topo: Topology, plan: Plan, facts: Iterable[Facts] | None,
-               manifest_sha256: str | None = None) -> dict[str, Any]:
+               manifest_sha256: str | None = None,
+               images: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, Any]:
     """The lock of ``plan`` (as render made it) on nodes described by ``facts`` (None: the
     preflight did not run, e.g. --skip-preflight or a SLURM allocation not yet made)."""
     procs = [*plan.workers, *([plan.router] if plan.router is not None else [])]
@@ -122,7 +125,7 @@ def build_lock(topo: Topology, plan: Plan, facts: Iterable[Facts] | None,
                    "versions": None if nodes is None else {
                        n: {k: v for k, v in d["versions"].items() if k not in ("python", "epdctl")}
                        for n, d in nodes.items()}},
-        "container": _container(topo),
+        "container": _container(plan, images if facts is not None else None),
         "model": _model(topo, manifest_sha256),
         "router": {"api_key_env": plan.router.api_key_env} if plan.router is not None else None,
         "processes": {p.name: _process(p) for p in procs},

@@ -234,6 +234,24 @@ def op_records(req):
     return {"records": recs}
 
 
+def op_run(req):
+    """Run each command to completion (container runtimes' rm / ps / image inspect, as the
+    launcher's records wrote them): status, stdout and stderr each; 127 when not installed."""
+    out = []
+    for argv in req["commands"]:
+        if not shutil.which(argv[0]):
+            out.append({"rc": 127, "out": "", "err": "%s: command not found" % argv[0]})
+            continue
+        try:
+            p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=float(req.get("timeout", 60)))
+            out.append({"rc": p.returncode, "out": p.stdout.decode(errors="replace"),
+                        "err": p.stderr.decode(errors="replace")[-2000:]})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append({"rc": 124, "out": "", "err": str(e)})
+    return {"results": out}
+
+
 def op_tail(req):
     return {"text": _tail(_expand(req["log"]), int(req.get("lines", 50))),
             "exists": os.path.exists(_expand(req["log"]))}
@@ -241,7 +259,7 @@ def op_tail(req):
 
 def _main(req):
     ops = {"prepare": op_prepare, "start": op_start, "poll": op_poll, "stop": op_stop,
-           "records": op_records, "tail": op_tail, "find": op_find}
+           "records": op_records, "tail": op_tail, "find": op_find, "run": op_run}
     try:
         answer = ops[req["op"]](req)
     except Exception as e:  # noqa: the launcher turns this into a [node] error

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from epdctl.errors import LaunchError, ProbeError
+from epdctl.launchers import containers
 from epdctl.launchers.base import Launcher, Results, Status, tail
 from epdctl.orchestrate.startup import meaningful_line
 from epdctl.http.probes import probe_health
@@ -167,6 +168,9 @@ class BringUp:
                 self.started_at[rec.name] = mono
                 self.started.append(rec)
                 self.state.processes.append(rec)
+        boxed = [r for r in recs if r.name in res.ok and containers.digest_command(r) is not None]
+        if boxed:  # the id of the image each node's containers run (`status`)
+            containers.record_digests(boxed, self.launcher.node_runners(sorted({r.node for r in boxed})))
         self.cdir.save(self.state)
         res.raise_if_failed("starting")
 
@@ -252,7 +256,7 @@ class BringUp:
                 continue
             if not st.alive:
                 how = (f"exited with status {st.exit_code}" if st.exit_code is not None
-                       else "died")
+                       else st.last_exit or "died")  # the node's supervisor says how (ssh)
                 text = st.tail or tail(Path(rec.log), 20)
                 raise LaunchError(f"[{rec.node}/{rec.name}] {how} during startup; last lines "
                                   f"of {rec.log}:\n{text}")

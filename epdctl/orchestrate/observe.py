@@ -47,6 +47,7 @@ class WorkerView:
     figures: dict[str, Any] | None = None  # metrics_summary.worker_figures; None: no /metrics
     metrics: dict[str, float] | None = field(default=None, repr=False)  # raw scrape (not shown)
     image: str = ""  # the container image it runs in ("" for a bare process)
+    image_digest: str = ""  # that image's id on its node when `up` started it ("" unknown or bare)
 
 
 @dataclass
@@ -127,7 +128,8 @@ def _worker_view(rec: ProcessRecord, st: Status | Exception, routed: dict[str, R
     alive = isinstance(st, Status) and st.alive
     view = WorkerView(name=rec.name, role=rec.role, node=rec.node, pid=rec.pid, url=rec.url,
                       alive=alive, uptime_s=time.time() - rec.since if alive else None,
-                      health="dead", healthy=False, log=rec.log, image=str(rec.container.get("image", "")))
+                      health="dead", healthy=False, log=rec.log, image=str(rec.container.get("image", "")),
+                      image_digest=str(rec.container.get("digest", "")))
     if isinstance(st, Status):
         view.restarts, view.last_exit = st.restarts, st.last_exit
     if isinstance(st, Exception):  # the node was not asked: neither alive nor dead

@@ -14,6 +14,7 @@ from epdctl.launchers.ssh.fanout import fanout
 from epdctl.preflight import links as links_mod
 from epdctl.preflight import perftest_links, targets
 from epdctl.preflight.links import LinkResult
+from epdctl.preflight.container_checks import check_containers
 from epdctl.preflight.engine_version import engine_items
 from epdctl.preflight.node_checks import CheckItem, Facts, check_node, check_versions
 from epdctl.preflight.runners import NodeRunner
@@ -32,6 +33,7 @@ class CheckReport:
     links_checked: bool = False
     strict: bool = False            # a warning fails the check too
     facts: list[Facts] = field(default_factory=list)  # what each reachable node reported
+    images: dict[str, dict[str, str]] = field(default_factory=dict)  # node -> image -> its id there
 
     def failed(self, i: CheckItem) -> bool:
         return not i.ok or (self.strict and i.status == "warn")
@@ -96,9 +98,20 @@ def run_check(topo: Topology, runners: Mapping[str, NodeRunner], *, plan: Plan |
                                           f"unexpected error judging this node ({type(e).__name__}:"
                                           f" {e}); the other nodes were judged"))
     report.items += check_versions(facts, targets.version_keys(topo))
-    reached = {n: runners[n] for n in nodes if n in runners}
-    report.items += engine_items(topo, reached)
-    report.items += store_items(topo, reached, min_free_gb=min_disk_gb)
+    runnable = {n: runners[n] for n in nodes if n in runners}
+    report.items += engine_items(topo, runnable)
+    report.items += store_items(topo, runnable, min_free_gb=min_disk_gb)
+    probes = targets.container_probes(topo, plan)
+    reached = {f.node for f in facts}
+    boxed = fanout({n: runners[n] for n in nodes if n in probes and n in reached},
+                   lambda n, r: check_containers(probes[n], r))
+    for name in nodes:
+        if name in boxed.ok:
+            report.items += boxed.ok[name][0]
+            if boxed.ok[name][1]:
+                report.images[name] = boxed.ok[name][1]
+        elif name in boxed.failed:
+            report.items.append(CheckItem(name, "container checks", False, str(boxed.failed[name])))
     report.facts = facts
     if links:
         eps = {n: targets.endpoints(topo, n) for n in nodes}

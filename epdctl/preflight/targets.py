@@ -9,11 +9,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from epdctl.containers.registry import runtime_for
+from epdctl.containers.wrap import wrapped
 from epdctl.engines import engine_of
+from epdctl.preflight.container_checks import ContainerProbe
+from epdctl.preflight.container_text import probe_command
 from epdctl.preflight.links import Endpoint, Placement
 from epdctl.preflight.node_checks import RDMA_KINDS, NicExpect, NodeExpect
 from epdctl.preflight.runners import NodeRunner
 from epdctl.state.store import worker_of
+from epdctl.topology.container import rdma_nics
 from epdctl.topology.model import Topology
 from epdctl.render.plan import Plan
 
@@ -106,6 +111,36 @@ def expectations(topo: Topology, plan: Plan | None = None, min_disk_gb: float = 
             model_path=topo.model.path if any(name in w.nodes for w in topo.workers) else None,
             ports=tuple(dict.fromkeys(ports.get(name, []))), min_disk_gb=min_disk_gb,
             rdma_transport=rdma_backend and any(n.kind in RDMA_KINDS for n in node.nics))
+    return out
+
+
+def container_probes(topo: Topology, plan: Plan | None) -> dict[str, list[ContainerProbe]]:
+    """Per node, each distinct container its workers run, with the commands that check it: the
+    probe is the worker's own container command (render's, ``containers/wrap.py``) around
+    ``container_text.probe_command``."""
+    out: dict[str, list[ContainerProbe]] = {}
+    seen: dict[tuple[str, str], int] = {}
+    workers = {w.name: w for w in topo.workers}
+    for spec in plan.workers if plan is not None else ():
+        tw = workers.get(spec.worker or worker_of(spec.name))
+        if spec.container is None or tw is None or tw.settings.container is None:
+            continue
+        rdma = bool(rdma_nics(topo, tw, spec.node)) and topo.transfer.rdma != "off"
+        gpus = bool(spec.gpus) or tw.settings.container.gpus == "all"
+        probe = probe_command(rdma, gpus)
+        c, _, argv, steps = wrapped(topo, tw, spec.node, f"check-{spec.node}-{len(out.get(spec.node, []))}",
+                                    probe, (), tuple(spec.gpus))
+        key = (spec.node, repr((c, rdma, gpus)))
+        if key in seen:
+            p = out[spec.node][seen[key]]
+            out[spec.node][seen[key]] = ContainerProbe(**{**p.__dict__, "workers": (*p.workers, spec.name)})
+            continue
+        runtime = runtime_for(c.runtime)
+        seen[key] = len(out.setdefault(spec.node, []))
+        out[spec.node].append(ContainerProbe(
+            node=spec.node, runtime=c.runtime, image=c.image, workers=(spec.name,), version=runtime.version(c),
+            inspect=runtime.image_digest(c), pull=runtime.pull(c), probe=None if steps else argv,
+            rdma=rdma, gpus=gpus))
     return out
 
 

@@ -53,6 +53,9 @@ _HAND: dict[str, dict[str, Any]] = {
     "slurm.extra": {"type": ["object", "null"], "additionalProperties": {"type": ["string", "number", "boolean"]}},
 }
 
+# Blocks that ``false`` turns off below the layer that says it (the reader's ``{"off": True}``).
+OFF_WITH_FALSE = {"container": "false: the workers below this layer run bare, outside any container"}
+
 
 class _Probe(list):  # type: ignore[type-arg]
     """A placeholder value: not None, a list of itself, and expanded to every allowed key by mapping()."""
@@ -168,6 +171,8 @@ def _section(r: TracingReader, path: str) -> dict[str, Any]:
         elif child in r.mappings:
             props[key] = _section(r, child)
             props[key]["type"] = ["object", "null"]
+            if key in OFF_WITH_FALSE:
+                props[key] = {"anyOf": [props[key], {"const": False, "description": OFF_WITH_FALSE[key]}]}
         elif f"{child}[]" in r.mappings:
             props[key] = {"type": ["array", "null"], "items": _section(r, f"{child}[]")}
         elif child in r.leaves:

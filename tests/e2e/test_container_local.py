@@ -87,14 +87,16 @@ def test_every_worker_runs_inside_its_container(cluster: tuple[dict[str, str], s
     assert sorted(_containers("local-container")) == sorted(p["container"]["name"] for p in workers)
 
 
-def test_status_shows_the_image(cluster: tuple[dict[str, str], str]) -> None:
+def test_status_shows_the_image_and_its_id(cluster: tuple[dict[str, str], str]) -> None:
     env, _ = cluster
+    image_id = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", IMAGE],
+                              capture_output=True, text=True, check=True).stdout.strip()
     doc = json.loads(_epdctl(env, "status", "local-container", "--json").stdout)
-    images = {w["name"]: w["image"] for w in doc["workers"]}
-    assert images.pop("router") == ""  # the router runs on the host
-    assert set(images.values()) == {IMAGE}, images
+    images = {w["name"]: (w["image"], w["image_digest"]) for w in doc["workers"]}
+    assert images.pop("router") == ("", "")  # the router runs on the host
+    assert set(images.values()) == {(IMAGE, image_id)}, images
     text = _epdctl(env, "status", "local-container").stdout
-    assert f"{IMAGE}: encoder-0, encoder-1, prefill-0, decode-0" in text, text
+    assert f"{IMAGE} (sha256:{image_id[:12]}): encoder-0, encoder-1, prefill-0, decode-0" in text, text
 
 
 def test_logs_read_the_containers_output(cluster: tuple[dict[str, str], str]) -> None:

@@ -104,3 +104,43 @@ def test_parse_replaces_image_parts_and_keeps_order():
     req = parse_chat_request(body, "m", max_images=2, require_room=True)
     assert req.image_refs == ["data:1", "data:2"] and req.stop == ["x"] and req.bootstrap_room == 7
     assert req.messages[0]["content"] == [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "image"}]
+
+
+def test_registry_rechecks_evicted_encoders_before_answering_no_encoder():
+    """An encoder evicted by the probe loop that answers /health again is probed and picked at
+    once, not refused with 503 no_encoder until the loop's next round; one still down is 503."""
+    import aiohttp
+    from aiohttp import web
+
+    async def go():
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        back, down = f"http://127.0.0.1:{port}", "http://127.0.0.1:9"
+        reg = EncoderRegistry([back, down], probe_interval=3600)
+        async with aiohttp.ClientSession() as session:
+            reg.start(session)
+            try:
+                for s in reg.encoders.values():
+                    s.healthy, s.failures = False, 3  # both evicted by earlier failed probes
+                with pytest.raises(ApiError):
+                    reg.pick("d")  # the plain pick still answers from the last round
+                picked = (await reg.pick_checked("d")).url
+                reg.encoders[back].healthy = False
+                with pytest.raises(ApiError) as err:
+                    await reg.pick_checked("d", exclude={back})
+            finally:
+                await reg.stop()
+        await runner.cleanup()
+        return picked, err.value
+
+    picked, err = asyncio.run(go())
+    assert picked.startswith("http://127.0.0.1:") and not picked.endswith(":9")
+    assert err.status == 503 and err.code == "no_encoder"

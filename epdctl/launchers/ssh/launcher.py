@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from epdctl.errors import LaunchError
+from epdctl.launchers import containers
 from epdctl.launchers.base import Results, Status, cluster_id
 from epdctl.launchers.ssh.starting import NodeStarter, group_by_node
 from epdctl.launchers.ssh.conn import ConnectionPool, SSHOptions
@@ -187,15 +188,18 @@ class SSHLauncher:
         return res
 
     def stop(self, recs: Sequence[ProcessRecord], grace: float = 10.0) -> Results[None]:
-        """TERM exactly the recorded process groups on every node, KILL after ``grace``.
+        """TERM exactly the recorded process groups on every node, KILL after ``grace``, then
+        remove their containers there (by name; also those of records that are only a container,
+        found by label).
 
         The last lines of every log are copied into the local mirror on the way out.
         """
+        boxed = [r for r in recs if containers.removal(r) is not None]
         recs = [r for r in recs if r.handle is not None]
         res: Results[None] = Results()
-        if not recs:
+        if not recs and not boxed:
             return res
-        self.bind_to_log(Path(recs[0].log))
+        self.bind_to_log(Path((recs or boxed)[0].log))
         by_node = group_by_node(recs)
         per_node = fanout(by_node, lambda n, rs: self.agent(n, {
             "op": "stop", "grace": grace, "workers": [self._rec(r) for r in rs],
@@ -210,7 +214,28 @@ class SSHLauncher:
                 res.failed[r.name] = LaunchError(f"[{r.node}/{r.name}] {got['error']}")
             else:
                 res.ok[r.name] = None
+        self._remove_containers([r for r in boxed if r.name not in res.failed], res)
         return res
+
+    def _remove_containers(self, recs: list[ProcessRecord], res: Results[None]) -> None:
+        """Remove the records' containers, one agent call per node."""
+        by_node = group_by_node(recs)
+        per_node = fanout(by_node, lambda n, rs: self.agent(n, {
+            "op": "run", "commands": [list(containers.removal(r) or ()) for r in rs],
+            "timeout": containers.TIMEOUT_S}, timeout=containers.TIMEOUT_S * len(rs) + 30)["results"],
+            parallel=self.parallel)
+        for node, group in by_node.items():
+            for i, r in enumerate(group):
+                if node in per_node.failed:
+                    res.failed[r.name] = per_node.failed[node]
+                    continue
+                got = per_node.ok[node][i]
+                why = containers.removal_failure(r, containers.removal(r) or (), got["rc"], got["err"])
+                if why is not None:
+                    res.failed[r.name] = why
+                    res.ok.pop(r.name, None)
+                elif r.handle is None:
+                    res.ok[r.name] = None
 
     def logs(self, rec: ProcessRecord, lines: int = 40) -> str:
         """The last ``lines`` of the worker's log on its node (also refreshes the mirror)."""
@@ -265,27 +290,36 @@ class SSHLauncher:
         self.pool.close()
 
     def orphans(self) -> list[ProcessRecord]:
-        """Every node's process groups carrying this cluster's marker (nodes in parallel);
-        LaunchError naming the nodes that could not be searched (after the others)."""
+        """Every node's process groups carrying this cluster's marker, and its containers
+        labelled with the cluster and that node (nodes in parallel); LaunchError naming the
+        nodes that could not be searched (after the others)."""
         cluster = cluster_id(self.cluster_dir)
         if not cluster:
             return []
-        per_node = fanout({n: n for n in self.nodes},
-                          lambda n, _: self.agent(n, {"op": "find", "cluster": cluster})["found"],
-                          parallel=self.parallel)
-        out = []
-        for node, found in per_node.ok.items():
-            for f in found:
-                log = (self.cluster_dir / "logs" / f"{f['name']}.log") if self.cluster_dir else ""
-                out.append(ProcessRecord(name=f["name"], role="unknown", node=node, log=str(log),
-                                         handle=Handle(pid=f["pid"], pgid=f["pgid"],
-                                                       create_time=f["create_time"],
-                                                       token=f["token"])))
+        per_node = fanout({n: n for n in self.nodes}, self._search, parallel=self.parallel)
+        out = [rec for found in per_node.ok.values() for rec in found]
         try:
             raise_if_failed(per_node, "searching the nodes for the cluster's processes")
         except LaunchError as e:
             e.found = out  # type: ignore[attr-defined]  # what the reachable nodes had
             raise
+        return out
+
+    def _search(self, node: str, _: object) -> list[ProcessRecord]:
+        """One node's marked process groups and labelled containers."""
+        out = []
+        for f in self.agent(node, {"op": "find", "cluster": cluster_id(self.cluster_dir)})["found"]:
+            log = (self.cluster_dir / "logs" / f"{f['name']}.log") if self.cluster_dir else ""
+            out.append(ProcessRecord(name=f["name"], role="unknown", node=node, log=str(log),
+                                     handle=Handle(pid=f["pid"], pgid=f["pgid"],
+                                                   create_time=f["create_time"],
+                                                   token=f["token"])))
+        searches = containers.searches(str(self.cluster), node)
+        got = self.agent(node, {"op": "run", "commands": [list(a) for _, a in searches],
+                                "timeout": containers.TIMEOUT_S})["results"]
+        for (runtime, _), ans in zip(searches, got):
+            if ans["rc"] == 0:  # else not installed, or no daemon: nothing of it to find
+                out += containers.found(runtime, ans["out"], node)
         return out
 
     # ---- helpers ---------------------------------------------------------------------

@@ -55,7 +55,7 @@ class EncoderClient:
         groups: dict[str, list[str]] = {}
         placed: dict[str, int] = {}
         for digest in unique:
-            url = self.registry.pick(digest, extra=placed).url
+            url = (await self.registry.pick_checked(digest, extra=placed)).url
             groups.setdefault(url, []).append(digest)
             placed[url] = placed.get(url, 0) + 1
         parts = await asyncio.gather(*(self._group(url, [unique[d] for d in ds], trace, allow_inline)
@@ -76,7 +76,7 @@ class EncoderClient:
             state = self.registry.encoders.get(url)
             if state is None or not state.healthy or url in tried:
                 try:
-                    state = self.registry.pick(digest, exclude=tried)
+                    state = await self.registry.pick_checked(digest, exclude=tried)
                 except ApiError:
                     raise ApiError(503, f"no encoder could encode the images (last error: {last or 'none'}); "
                                         "check the encoders' logs and /list_encoder_urls", "encoder_unavailable")

@@ -117,6 +117,19 @@ class EncoderRegistry:
         least = min(live, key=load)
         return owner if load(owner) <= load(least) + self.load_slack else least
 
+    async def pick_checked(self, digest: str, exclude: AbstractSet[str] = frozenset(),
+                           extra: dict[str, int] | None = None) -> EncoderState:
+        """``pick``, but before answering 503 no_encoder the encoders are probed once more, now:
+        one that came back (or was registered healthy while its first probe was pending) since
+        the last round of the probe loop is admitted and picked instead of failing the request."""
+        try:
+            return self.pick(digest, exclude, extra)
+        except ApiError:
+            if self._session is None or not self.encoders:
+                raise
+        await self.probe_all(self._session, only_unhealthy=True)
+        return self.pick(digest, exclude, extra)
+
     def mark_failed(self, url: str) -> None:
         """A request to this encoder failed at the connection level: count it like a failed probe."""
         state = self.encoders.get(url)
@@ -134,7 +147,8 @@ class EncoderRegistry:
             state.healthy, state.evicted_at = False, time.monotonic()
             log.warning("encoder %s evicted after %d failed health checks", state.url, state.failures)
 
-    async def probe_all(self, session: aiohttp.ClientSession) -> None:
+    async def probe_all(self, session: aiohttp.ClientSession, only_unhealthy: bool = False) -> None:
+        """Probe every encoder (``only_unhealthy``: the evicted ones, whose failures no longer count)."""
         timeout = aiohttp.ClientTimeout(total=self.probe_timeout)
 
         async def probe(state: EncoderState) -> None:
@@ -145,7 +159,7 @@ class EncoderRegistry:
                 ok = False
             self._record(state, ok)
 
-        await asyncio.gather(*(probe(s) for s in list(self.encoders.values())))
+        await asyncio.gather(*(probe(s) for s in list(self.encoders.values()) if not (only_unhealthy and s.healthy)))
         now = time.monotonic()
         for state in list(self.encoders.values()):
             if state.evicted_at is not None and not state.static and now - state.evicted_at > EVICTED_TTL_S:
