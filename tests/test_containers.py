@@ -4,6 +4,7 @@ flag definitions), pyxis srun options (checked against pyxis's spank_opts table)
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -250,3 +251,27 @@ def test_shell_render_prints_the_srun_that_boxes_a_step() -> None:
     text = to_shell(_pyxis_plan(), "p0")
     assert "  srun \\\n    --container-image=/lustre/images/sglang+0.5.3.sqsh \\\n" in text, text
     assert "--no-container-entrypoint" in text and "python3 -m sglang.launch_server" in text
+
+
+def test_slurm_oci_bundle_is_read_from_the_topology_folder_and_must_hold_the_mounts(tmp_path: Path) -> None:
+    """A ../ bundle is found from the topology file; a missing one, or one whose config.json lacks a
+    declared mount (SLURM cannot add mounts to a step), is an error with the build command."""
+    (tmp_path / "topo").mkdir()
+    bundle = tmp_path / "bundles" / "b"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"mounts": [
+        {"destination": "/data", "type": "bind", "source": "/data", "options": ["rbind", "ro"]}]}))
+    src = tmp_path / "topo" / "t.yaml"
+
+    def load(container: dict) -> None:
+        topology_from_text(_with(QWEN, launcher="slurm", slurm={"partition": "gpu"},
+                                 container={"runtime": "slurm-oci", **container}), src)
+
+    load({"image": "../bundles/b", "mounts": ["/data:/data:ro"]})
+    with pytest.raises(TopologyError) as e:
+        load({"image": "../bundles/none"})
+    assert f"no OCI bundle at {tmp_path / 'bundles' / 'none'} (no such directory)" in str(e.value), e.value
+    assert f"build_oci_bundle.py --image IMAGE --out {tmp_path / 'bundles' / 'none'}" in str(e.value), e.value
+    with pytest.raises(TopologyError) as e:
+        load({"image": str(bundle), "mounts": ["/data:/data:ro", "/models:/m:ro"]})
+    assert "does not mount /models:/m:ro" in str(e.value) and "--mount /models:/m:ro" in str(e.value), e.value

@@ -38,6 +38,12 @@ class ContainerRuntime:
         """Why ``image`` is no image this runtime can start (None: it is)."""
         return None
 
+    def missing(self, c: Container) -> str | None:
+        """What ``c`` needs that is not there, where this machine can tell (a SLURM OCI bundle on
+        the shared filesystem and the mounts its config.json holds); None: all there, or only the
+        nodes can tell (a registry image, a file on the nodes)."""
+        return None
+
     def command(self, c: Container, run: Run, inner: tuple[str, ...]) -> tuple[str, ...]:
         """The full command line: ``inner`` (the engine's argv) inside the container."""
         raise NotImplementedError

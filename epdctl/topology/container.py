@@ -41,6 +41,8 @@ def read_layer(r: Reader, value: Any, path: str) -> dict[str, Any]:
     for key in ("image", "shm_size", "workdir"):
         if m.get(key) is not None:
             out[key] = r.get(m, path, key, "str")
+    if isinstance(out.get("image"), str):
+        out["image"] = _from_file(out["image"], r.doc.source)
     if m.get("runtime") is not None:
         out["runtime"] = r.get(m, path, "runtime", "str", choices=RUNTIME_NAMES)
     if m.get("gpus") is not None:
@@ -108,8 +110,7 @@ def _mounts(r: Reader, raw: Any, path: str, source: Path | None) -> tuple[Mount,
             continue
         if src is None:
             continue
-        if source is not None and (src.startswith(("./", "../")) or src in (".", "..")):
-            src = str((source.resolve().parent / src).resolve())
+        src = _from_file(src, source)
         if not src.startswith("/"):
             r.problem(ipath, f"mount source {src!r} must be an absolute path (or ./, ../ from the topology file)")
             continue
@@ -118,6 +119,16 @@ def _mounts(r: Reader, raw: Any, path: str, source: Path | None) -> tuple[Mount,
             continue
         out.append(Mount(source=src, target=dst or src, readonly=bool(ro)))
     return tuple(out)
+
+
+def _from_file(path: str, source: Path | None) -> str:
+    """A ./ or ../ path (a mount source, an image file or bundle) from the topology file's folder."""
+    if source is not None and (path.startswith(("./", "../")) or path in (".", "..")):
+        try:
+            return str((source.resolve().parent / path).resolve())
+        except ValueError:  # a NUL in it: left as written, for the checks to refuse
+            return path
+    return path
 
 
 def merge(layers: list[dict[str, Any]]) -> Container | None:
@@ -162,7 +173,7 @@ def container_problems(topo: Topology) -> Iterator[tuple[str, str]]:
         if not c.image:
             problems.append((where, f"{w.name}: the container has no image; set container.image"))
         else:
-            why = runtime_for(c.runtime).image_problem(c.image)
+            why = runtime_for(c.runtime).image_problem(c.image) or runtime_for(c.runtime).missing(c)
             if why:
                 problems.append((join(where, "image"), why))
         runtime = runtime_for(c.runtime)
