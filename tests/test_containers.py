@@ -13,7 +13,7 @@ import yaml
 
 from epdctl.errors import TopologyError
 from epdctl.render import build_plan
-from epdctl.topology import topology_from_text
+from epdctl.topology import require_artifacts, topology_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "tests" / "fixtures" / "containers"
@@ -255,7 +255,8 @@ def test_shell_render_prints_the_srun_that_boxes_a_step() -> None:
 
 def test_slurm_oci_bundle_is_read_from_the_topology_folder_and_must_hold_the_mounts(tmp_path: Path) -> None:
     """A ../ bundle is found from the topology file; a missing one, or one whose config.json lacks a
-    declared mount (SLURM cannot add mounts to a step), is an error with the build command."""
+    declared mount (SLURM cannot add mounts to a step), is an error of `validate` and `up` (not of
+    render) with the YAML line and the build command."""
     (tmp_path / "topo").mkdir()
     bundle = tmp_path / "bundles" / "b"
     (bundle / "rootfs").mkdir(parents=True)
@@ -264,13 +265,16 @@ def test_slurm_oci_bundle_is_read_from_the_topology_folder_and_must_hold_the_mou
     src = tmp_path / "topo" / "t.yaml"
 
     def load(container: dict) -> None:
-        topology_from_text(_with(QWEN, launcher="slurm", slurm={"partition": "gpu"},
-                                 container={"runtime": "slurm-oci", **container}), src)
+        src.write_text(_with(QWEN, launcher="slurm", slurm={"partition": "gpu"},
+                             container={"runtime": "slurm-oci", **container}))
+        topo = topology_from_text(src.read_text(), src)  # renders without the bundle...
+        require_artifacts(topo, src)  # ...which `validate` and `up` require
 
     load({"image": "../bundles/b", "mounts": ["/data:/data:ro"]})
     with pytest.raises(TopologyError) as e:
         load({"image": "../bundles/none"})
     assert f"no OCI bundle at {tmp_path / 'bundles' / 'none'} (no such directory)" in str(e.value), e.value
+    assert "container.image" in str(e.value) and "line " in str(e.value), e.value
     assert f"build_oci_bundle.py --image IMAGE --out {tmp_path / 'bundles' / 'none'}" in str(e.value), e.value
     with pytest.raises(TopologyError) as e:
         load({"image": str(bundle), "mounts": ["/data:/data:ro", "/models:/m:ro"]})

@@ -33,9 +33,10 @@ _SD_HELP = ("Write Prometheus file_sd targets (every worker and the router, labe
 
 def _load_plan(path: Path) -> tuple[Any, Any]:
     from epdctl.render import build_plan
-    from epdctl.topology import load_topology
+    from epdctl.topology import load_topology, require_artifacts
 
     topo = load_topology(path)
+    require_artifacts(topo, path)
     return topo, build_plan(topo)
 
 

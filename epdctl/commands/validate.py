@@ -12,7 +12,7 @@ import click
 from epdctl.commands.args import topology_problems
 from epdctl.errors import EpdctlError
 from epdctl.render import build_plan
-from epdctl.topology import load_topology
+from epdctl.topology import load_topology, require_artifacts
 from epdctl.topology.fixes import Fix, find_fixes
 from epdctl.topology.loader import load_document
 from epdctl.topology.model import Role
@@ -57,6 +57,7 @@ def validate(topology: str, fix: bool) -> None:
                         err=True)
     with topology_problems(topology):
         topo = load_topology(topology)
+        require_artifacts(topo, topology)
         plan = build_plan(topo)
     counts = ", ".join(f"{len(topo.role_workers(r))} {r.value}" for r in Role if topo.role_workers(r))
     router = f", router {topo.router.implementation} on {topo.router.node}" if topo.router else ""

@@ -17,7 +17,7 @@ from epdctl.launchers.kinds import allocates_nodes
 from epdctl.topology.answers import read_check
 from epdctl.topology.allocation import counted_roles, synthesize
 from epdctl.topology.checks import run_checks
-from epdctl.topology.container import read_layer
+from epdctl.topology.container import missing_artifacts, read_layer
 from epdctl.topology.limits import read_limits
 from epdctl.topology.loader import Document, load_document, parse_yaml
 from epdctl.topology.model_source import resolve as resolve_model
@@ -30,12 +30,21 @@ from epdctl.topology.schema import (ENGINES, LAUNCHERS, SETTING_KEYS, read_model
                                    read_startup, top_level)
 from epdctl.topology.sections import read_engine, read_in_place, read_ports, read_router, read_slurm, read_transfer
 
-__all__ = ["load_topology", "topology_from_text", "Topology", "Worker", "Node", "Role", "Settings", "ROLE_ORDER"]
+__all__ = ["load_topology", "require_artifacts", "topology_from_text", "Topology", "Worker", "Node", "Role", "Settings", "ROLE_ORDER"]
 
 
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file; raise TopologyError with all problems."""
     return _build(load_document(path))
+
+
+def require_artifacts(topo: Topology, path: str | Path) -> None:
+    """Raise TopologyError, with YAML lines, for container artefacts ``topo`` needs that are not
+    there (`missing_artifacts`); ``path`` is the file ``topo`` was read from."""
+    found = missing_artifacts(topo)
+    if found:
+        doc = load_document(path)
+        raise TopologyError(_sorted([Problem(where, doc.line(where), msg) for where, msg in found]))
 
 
 def topology_from_text(text: str, source: str | Path | None = None, *, cross_checks: bool = True) -> Topology:

@@ -173,7 +173,7 @@ def container_problems(topo: Topology) -> Iterator[tuple[str, str]]:
         if not c.image:
             problems.append((where, f"{w.name}: the container has no image; set container.image"))
         else:
-            why = runtime_for(c.runtime).image_problem(c.image) or runtime_for(c.runtime).missing(c)
+            why = runtime_for(c.runtime).image_problem(c.image)
             if why:
                 problems.append((join(where, "image"), why))
         runtime = runtime_for(c.runtime)
@@ -197,3 +197,18 @@ def container_problems(topo: Topology) -> Iterator[tuple[str, str]]:
             if p not in seen:
                 seen.add(p)
                 yield p
+
+
+def missing_artifacts(topo: Topology) -> list[tuple[str, str]]:
+    """Container artefacts that must exist where this command runs before anything starts (an OCI
+    bundle that SLURM's ``--container`` reads from the shared filesystem): (YAML path, message).
+    `validate` and `up` ask; `render` does not, so a topology renders on a machine without them."""
+    out: dict[tuple[str, str], None] = {}
+    for w in topo.workers:
+        c = w.settings.container
+        if c is None or not c.image or runtime_for(c.runtime).image_problem(c.image):
+            continue
+        why = runtime_for(c.runtime).missing(c)
+        if why:
+            out[(join(c.path or w.path, "image"), why)] = None
+    return list(out)

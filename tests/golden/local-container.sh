@@ -14,6 +14,7 @@ podman \
     --init \
     --name epdctl-local-container-encoder-0 \
     --label epdctl.cluster=local-container \
+    --label epdctl.node=local \
     --label epdctl.process=encoder-0 \
     --network=host \
     --ipc=host \
@@ -43,6 +44,7 @@ podman \
     --init \
     --name epdctl-local-container-encoder-1 \
     --label epdctl.cluster=local-container \
+    --label epdctl.node=local \
     --label epdctl.process=encoder-1 \
     --network=host \
     --ipc=host \
@@ -72,6 +74,7 @@ podman \
     --init \
     --name epdctl-local-container-prefill-0 \
     --label epdctl.cluster=local-container \
+    --label epdctl.node=local \
     --label epdctl.process=prefill-0 \
     --network=host \
     --ipc=host \
@@ -104,6 +107,7 @@ podman \
     --init \
     --name epdctl-local-container-decode-0 \
     --label epdctl.cluster=local-container \
+    --label epdctl.node=local \
     --label epdctl.process=decode-0 \
     --network=host \
     --ipc=host \
