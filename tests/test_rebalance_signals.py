@@ -183,3 +183,44 @@ def test_a_window_averages_the_utilisation_over_several_looks(cluster) -> None:
     assert got[2] == (pytest.approx(0.9), pytest.approx(0.9))      # 4 s: both stretches at 0.9
     assert got[3] == (pytest.approx(0.6), pytest.approx(0.3))      # the dip, halved by the window
     assert got[4] == (pytest.approx(0.6), pytest.approx(0.9))
+
+
+# Utilisations `rebalance --auto --log-json` recorded on the live 1E/1P/2D cluster of
+# tests/e2e/test_rebalance_auto_live.py (six clients on two shared cores), one row per 2 s
+# sample: the images phase before and after the encoder gained decode-1, then the text phase.
+# The second encoder halves each encoder's busy time while the images keep coming, and the
+# prefill, now fed twice as fast, turns short.
+RECORDED = [  # (encoder, prefill, decode) busy per worker
+    ("images", 0.70, 0.64, 0.32), ("images", 0.73, 0.61, 0.31), ("images", 0.71, 0.61, 0.29),
+    ("images", 0.72, 0.58, 0.29), ("images", 0.71, 0.55, 0.22),
+    ("images", 0.65, 0.50, 0.41), ("images", 0.35, 0.49, 0.40), ("images", 0.43, 0.53, 0.45),
+    ("images", 0.33, 0.71, 0.42), ("images", 0.29, 0.86, 0.36), ("images", 0.20, 0.89, 0.30),
+    ("images", 0.23, 0.90, 0.31), ("images", 0.22, 0.88, 0.33), ("images", 0.25, 0.91, 0.30),
+    ("text", 0.10, 0.20, 0.80), ("text", 0.0, 0.21, 0.96), ("text", 0.0, 0.19, 0.96),
+    ("text", 0.0, 0.15, 0.97), ("text", 0.0, 0.20, 0.97), ("text", 0.0, 0.18, 0.96),
+]
+
+
+def test_the_role_a_move_grew_keeps_its_worker_while_its_load_goes_on() -> None:
+    """Replayed: the encoder gains a decode under images; when its two workers then look idle
+    (0.2 each) beside a busy prefill it does not give one away (its 0.4 of work would land on
+    one worker, above busy-low), and under text it gives the worker back to the decodes."""
+    pol = Policy(busy_high=0.7, sustain=3, cooldown=15)
+    st, moves = AutoState(), []
+    layout = {"encoder": 1, "prefill": 1, "decode": 2}
+    for i, (phase, enc, pre, dec) in enumerate(RECORDED):
+        s = _sample(2.0 * i, {"encoder": enc, "prefill": pre, "decode": dec}, dict(layout))
+        prop, st = decide(pol, st, s)
+        if prop is not None:
+            moves.append((phase, prop.target, prop.source))
+            layout[prop.target] += 1
+            layout[prop.source] -= 1
+    assert moves == [("images", "encoder", "decode"), ("text", "decode", "encoder")], moves
+    assert layout == {"encoder": 1, "prefill": 1, "decode": 2}
+    # without the memory of the last move the same samples undo it under images
+    undo = AutoState(last_move=0.0)
+    counts = {"encoder": 2, "prefill": 1, "decode": 1}
+    for t in (100.0, 102.0, 104.0):
+        prop, undo = decide(pol, undo, _sample(t, {"encoder": 0.23, "prefill": 0.9,
+                                                   "decode": 0.31}, counts))
+    assert prop is not None and (prop.target, prop.source) == ("prefill", "encoder")

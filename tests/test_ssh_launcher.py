@@ -246,9 +246,10 @@ def test_launcher_protocol_start_prepares_all_nodes_and_uses_local_mirror(
             assert sorted(lau.starter.prepared) == ["node0", "node1", "node2"]
             assert h.log == str(cdir / "logs" / "w.log") and h.node == "node2"
             assert lau.poll([h]).ok["w"].alive
-            deadline = time.monotonic() + 60  # the interpreter's start on a loaded host
-            while last_line(Path(h.log)) != "up" and time.monotonic() < deadline:
-                time.sleep(0.1)  # the mirror file appears with the worker's first line
+            # the worker's first line, read on its node (the interpreter's start on a loaded
+            # host); reading it also refreshes the mirror
+            assert _until(lambda: lau.logs(h, 5).splitlines()[-1:] == ["up"], 60)
+            assert last_line(Path(h.log)) == "up"
         finally:
             assert lau.stop([h]).all_ok
         assert not lau.poll([h]).ok["w"].alive

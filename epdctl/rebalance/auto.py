@@ -4,8 +4,10 @@
 synthetic metric sequences. A role is short when its own work is high: per-worker queue at
 ``high`` or utilisation (busy seconds per second, `signals.py`) at ``busy_high``, or TTFT/TPOT
 over target; it may give a worker when both are at or below ``low`` / ``busy_low``. It never
-flaps: the same (short, giver) pair must be seen ``sustain`` samples in a row, and after a move
-nothing happens for ``cooldown`` seconds.
+flaps: the same (short, giver) pair must be seen ``sustain`` samples in a row, after a move
+nothing happens for ``cooldown`` seconds, and the role the last move grew gives a worker back only
+when its others would carry all its work at or below ``low`` / ``busy_low`` (on shared cores the
+workers a move added look idle while the load that asked for them goes on).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class AutoState:
     candidate: tuple[str, str] | None = None
     streak: int = 0
     last_move: float | None = None
+    grown: str | None = None              # the role the last move gave a worker to
     log: tuple[str, ...] = field(default=(), compare=False)
 
 
@@ -71,22 +74,26 @@ def pressure(policy: Policy, s: Sample) -> dict[str, float]:
     return p
 
 
-def spare(policy: Policy, s: Sample, role: str) -> bool:
+def spare(policy: Policy, s: Sample, role: str, grown: str | None = None) -> bool:
     """``role`` can give a worker: more than one, per-worker queue <= ``low`` and utilisation
-    <= ``busy_low`` (the band up to ``high`` / ``busy_high`` is the hysteresis)."""
+    <= ``busy_low`` (the band up to ``high`` / ``busy_high`` is the hysteresis). The role the
+    last move grew (``grown``) must clear that bar with one worker fewer: its total queue and
+    busy time spread over ``n - 1`` workers, so a move is undone only once its cause is gone."""
     n = s.counts.get(role, 0)
-    return (n > 1 and s.queue.get(role, 0.0) / n <= policy.low
-            and s.util.get(role, 0.0) <= policy.busy_low)
+    keep = n - 1 if role == grown else n
+    return (n > 1 and s.queue.get(role, 0.0) / keep <= policy.low
+            and s.util.get(role, 0.0) * n / keep <= policy.busy_low)
 
 
-def candidate(policy: Policy, s: Sample) -> tuple[tuple[str, str] | None, str]:
+def candidate(policy: Policy, s: Sample,
+              grown: str | None = None) -> tuple[tuple[str, str] | None, str]:
     """The (target, source) pair this sample asks for, with the reason."""
     p = pressure(policy, s)
     short = [r for r in p if p[r] >= 1.0]
     if not short:
         return None, "no role is short"
     target = max(short, key=lambda r: p[r])
-    donors = [r for r in p if r != target and spare(policy, s, r)]
+    donors = [r for r in p if r != target and spare(policy, s, r, grown)]
     if not donors:
         return None, f"{target} is short but no other role has a spare idle worker"
     source = min(donors, key=lambda r: p[r])
@@ -102,7 +109,7 @@ def _why(s: Sample, role: str) -> str:
 
 def decide(policy: Policy, st: AutoState, s: Sample) -> tuple[Proposal | None, AutoState]:
     """One policy step: a proposal when the same move was wanted ``sustain`` times, off cool-down."""
-    pair, reason = candidate(policy, s)
+    pair, reason = candidate(policy, s, st.grown)
     if pair is None:
         return None, replace(st, candidate=None, streak=0)
     streak = st.streak + 1 if pair == st.candidate else 1
@@ -112,4 +119,4 @@ def decide(policy: Policy, st: AutoState, s: Sample) -> tuple[Proposal | None, A
     if streak < policy.sustain:
         return None, st
     return Proposal(pair[0], pair[1], reason), replace(st, candidate=None, streak=0,
-                                                      last_move=s.t)
+                                                      last_move=s.t, grown=pair[0])

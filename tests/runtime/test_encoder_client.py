@@ -77,7 +77,10 @@ def test_embeddings_are_used_before_the_encoder_answers():
         return web.json_response({"key": body["key"], "num_images": len(body["images"])})
 
     async def body(client: EncoderClient, state: dict) -> None:
+        enc = next(iter(state["registry"].encoders.values()))
+        enc.failures = 2  # two probes missed while it was busy
         encoded, nbytes = await client.encode([b"img-a", b"img-b", b"img-a"])
+        assert enc.failures == 0 and enc.healthy  # its answer broke the row
         assert not answered.is_set()  # we went on before the encoder's HTTP answer
         assert [float(e.embeds[0, 0]) for e in encoded] == [0.0, 1.0, 0.0]  # duplicates encoded once
         assert nbytes == 2 * 4 * 8 * 4 and len(client._background) == 1
@@ -99,10 +102,13 @@ def test_an_error_answer_before_any_embeddings_fails_the_call():
         return web.json_response({"error": {"message": "image 1: 9000x9000 is too large"}}, status=400)
 
     async def body(client: EncoderClient, state: dict) -> None:
+        enc = next(iter(state["registry"].encoders.values()))
+        enc.failures = 2
         with pytest.raises(ApiError) as err:
             await client.encode([b"img"])
         assert err.value.status == 400 and "9000x9000" in err.value.message
         assert not client._background
+        assert enc.failures == 0  # a rejection is an answer: the encoder is alive
 
     asyncio.run(with_encoder(handler, body))
 

@@ -144,3 +144,38 @@ def test_registry_rechecks_evicted_encoders_before_answering_no_encoder():
     picked, err = asyncio.run(go())
     assert picked.startswith("http://127.0.0.1:") and not picked.endswith(":9")
     assert err.status == 503 and err.code == "no_encoder"
+
+
+def test_a_busy_encoder_that_misses_probes_but_answers_requests_stays_admitted():
+    """A /health slower than the probe's deadline (an encoder on starved cores) fails each probe;
+    three in a row evict it, unless it answered a request in between, which breaks the row."""
+    import aiohttp
+    from aiohttp import web
+
+    async def go():
+        async def health(request: web.Request) -> web.Response:
+            await asyncio.sleep(0.5)
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/health", health)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        busy, silent = f"http://127.0.0.1:{port}", f"http://localhost:{port}"
+        reg = EncoderRegistry([busy, silent], probe_interval=0, probe_timeout=0.1)
+        rounds = []
+        async with aiohttp.ClientSession() as session:
+            for _ in range(5):
+                await reg.probe_all(session)
+                reg.answered(busy)  # requests to it were answered between the probes
+                rounds.append({u: (s.healthy, s.failures) for u, s in reg.encoders.items()})
+        await runner.cleanup()
+        return busy, silent, rounds, reg
+
+    busy, silent, rounds, reg = asyncio.run(go())
+    assert all(r[busy] == (True, 0) for r in rounds)
+    assert [r[silent] for r in rounds[:3]] == [(True, 1), (True, 2), (False, 3)]
+    assert reg.healthy_urls() == [busy]

@@ -86,7 +86,11 @@ class EncoderClient:
             try:
                 result = await self._call(url, images, trace, allow_inline)
                 state.served += len(images)
+                self.registry.answered(url)
                 return result
+            except ApiError:
+                self.registry.answered(url)  # it rejected the images: alive and answering
+                raise
             except _EncoderDown as exc:
                 last = str(exc)
                 log.warning("encoder %s failed (%s); trying another encoder", url, exc)

@@ -2,7 +2,8 @@
 
 Encoders come from ``--encoder-urls`` or register at run time. Each is health-probed; three
 failed probes in a row evict it (requests stop going there) and a later healthy probe
-re-admits it. Work is placed by rendezvous hashing on the image digest, so a repeated image
+re-admits it. An encoder that answers a request meanwhile breaks the row: a busy encoder on
+starved cores may miss a probe's deadline while it serves, and it is not gone. Work is placed by rendezvous hashing on the image digest, so a repeated image
 lands on the encoder whose embedding cache already holds it, unless that encoder is much
 busier than the least-loaded one.
 """
@@ -135,6 +136,13 @@ class EncoderRegistry:
         state = self.encoders.get(url)
         if state is not None:
             self._record(state, ok=False)
+
+    def answered(self, url: str) -> None:
+        """This encoder answered a request (embeddings, or a 4xx about the images): it is
+        alive, so the probes it missed while busy do not count toward eviction."""
+        state = self.encoders.get(url)
+        if state is not None and state.healthy:
+            state.failures = 0
 
     def _record(self, state: EncoderState, ok: bool) -> None:
         if ok:
