@@ -35,14 +35,15 @@ bash scripts/setup_engines.sh sglang-cpu   # SGLang's real server on CPU (tests/
 # rest (which starts the shared sshd nodes and SLURM cluster). pytest itself keeps one core busy;
 # the side run uses the other. With arguments: one run of what they select.
 # Side modules bring their own sshd nodes (own ports) or none; SLURM stays in the main run (each
-# SLURM module stops the shared cluster, and its jobs, when it ends).
+# SLURM module stops the shared cluster, and its jobs, when it ends); tests/runtime binds 33xxx,
+# which no other module uses. The real engines' cold starts come last, past the main run's e2e
+# clusters.
 SIDE=(tests/test_fuzz_injection.py tests/test_startup_wait.py
       tests/e2e/test_rebalance_live.py tests/e2e/test_rebalance_auto_live.py tests/e2e/test_rebalance_inplace.py
       tests/e2e/test_restart_local.py tests/e2e/test_standby_restart.py
-      tests/e2e/test_restart_ssh.py tests/e2e/test_container_ssh.py
-      tests/e2e/test_sglang_cpu.py tests/e2e/test_vllm_cpu.py tests/e2e/test_vllm_cpu_ssh.py)
-      # the real engines' cold starts last, past the main run's e2e clusters
-      # (tests/e2e/test_hostile_clients.py's encoders must answer their probes in time)
+      tests/e2e/test_restart_ssh.py tests/e2e/test_container_ssh.py tests/runtime
+      tests/e2e/test_sglang_cpu.py tests/e2e/test_vllm_cpu.py tests/e2e/test_vllm_cpu_ssh.py
+      tests/e2e/test_vllm_cpu_container.py)
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then exec .venv/bin/python -m pytest -q "$@"; fi
 side_log=$(mktemp /tmp/epdctl-side-XXXXXX.log)
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" "${SIDE[@]}" >"$side_log" 2>&1 &

@@ -95,6 +95,24 @@ def test_docker_defaults_follow_the_anchors() -> None:
         assert name in opts and not any(o.startswith(f"{name}=") for o in opts)
 
 
+def test_engine_venv_is_mounted_read_only_and_the_transfer_store_writable() -> None:
+    """vLLM in containers: the engine's venv and its base interpreter's prefix (pyvenv.cfg home)
+    at their own paths, read-only; the shared-storage store, which embeddings and KV cross,
+    writable, on every worker and at the same path as bare."""
+    vllm = (ROOT / "topologies" / "vllm-cpu-epd.yaml").read_text()
+    text = _with(vllm, container={"runtime": "podman", "image": "localhost/epdctl-runtime:bookworm"},
+                 transfer={"backend": "shared-storage", "store": "/scratch/epd-store"},
+                 engine={"name": "vllm", "version": "0.32", "venv": "/opt/engines/vllm"})
+    plan = build_plan(topology_from_text(text, ROOT / "topologies" / "t.yaml"))
+    for w in plan.workers:
+        argv = list(w.argv)
+        i = argv.index("localhost/epdctl-runtime:bookworm")
+        opts, inner = argv[:i], argv[i + 1:]
+        assert "/scratch/epd-store:/scratch/epd-store" in opts, opts  # no :ro
+        assert "/opt/engines/vllm:/opt/engines/vllm:ro" in opts, opts
+        assert inner[0] == "/opt/engines/vllm/bin/vllm" and "/scratch/epd-store" in " ".join(inner)
+
+
 def test_podman_passes_gpus_as_cdi_devices() -> None:
     text = _with(QWEN, container={"image": "docker.io/lmsysorg/sglang:v0.5.3", "runtime": "podman"})
     w = next(s for s in build_plan(topology_from_text(text)).workers if s.name == "decode-0")

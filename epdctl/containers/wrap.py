@@ -1,6 +1,7 @@
 """A worker's process spec inside its container: the anchors' defaults filled in (host network
 and IPC, ``memlock=-1``, the worker's GPUs, ``/dev/infiniband`` and IPC_LOCK where it uses ib/roce
-NICs, the model's HF repository root and the interpreter's venv mounted at their own paths), then
+NICs, the model's HF repository root and the engine interpreter's venv mounted at their own paths,
+the transfer's store directories writable), then
 the runtime's record writes the command. Pure: the same topology gives the same command."""
 
 from __future__ import annotations
@@ -54,14 +55,20 @@ def _covered(path: str, mounts: tuple[Mount, ...]) -> bool:
                for m in mounts)
 
 
-def effective(topo: Topology, w: Worker, node: str, c: Container) -> Container:
-    """``c`` with the anchors' defaults for this worker on ``node``."""
+def effective(topo: Topology, w: Worker, node: str, c: Container,
+              stores: tuple[str, ...] = ()) -> Container:
+    """``c`` with the anchors' defaults for this worker on ``node``: read-only, the model and the
+    engine's interpreter (its venv and base prefix); writable, the transfer's ``stores``."""
     runtime = runtime_for(c.runtime)
     mounts = c.mounts
-    wanted = [p for p in [model_mount(topo.model.path), *interpreter_mounts(topo.python)] if p]
+    wanted = [p for p in [model_mount(topo.model.path), *interpreter_mounts(topo.engine_interpreter)] if p]
     for p in wanted:
         if not _covered(p, mounts):
             mounts = (*mounts, Mount(source=p, target=p, readonly=True))
+    for p in stores:
+        if not any(m.source == m.target and not m.readonly
+                   and (p == m.source or p.startswith(m.source.rstrip("/") + "/")) for m in mounts):
+            mounts = (*mounts, Mount(source=p, target=p, readonly=False))
     rdma = bool(rdma_nics(topo, w, node)) and topo.transfer.rdma != "off"
     env, ulimits, cap_add = dict(c.env), dict(c.ulimits), c.cap_add
     devices = c.devices if c.devices is not None else ((IB_DEVICE,) if rdma and not runtime.step else ())
@@ -75,10 +82,10 @@ def effective(topo: Topology, w: Worker, node: str, c: Container) -> Container:
 
 
 def wrapped(topo: Topology, w: Worker, node: str, process: str, argv: tuple[str, ...], env_names: tuple[str, ...],
-            gpus: tuple[int, ...]) -> tuple[Container, str, tuple[str, ...], tuple[str, ...]]:
+            gpus: tuple[int, ...], stores: tuple[str, ...] = ()) -> tuple[Container, str, tuple[str, ...], tuple[str, ...]]:
     """(the effective container, its name, the command that runs, the srun step options)."""
     assert w.settings.container is not None
-    c = effective(topo, w, node, w.settings.container)
+    c = effective(topo, w, node, w.settings.container, stores)
     name = container_name(topo.name, process)
     run = Run(name=name, cluster=topo.name, process=process,
               env_names=tuple(dict.fromkeys([*env_names, *MARKERS])), gpus=gpus,

@@ -129,7 +129,7 @@ def container_probes(topo: Topology, plan: Plan | None) -> dict[str, list[Contai
         gpus = bool(spec.gpus) or tw.settings.container.gpus == "all"
         probe = probe_command(rdma, gpus)
         c, _, argv, steps = wrapped(topo, tw, spec.node, f"check-{spec.node}-{len(out.get(spec.node, []))}",
-                                    probe, (), tuple(spec.gpus))
+                                    probe, (), tuple(spec.gpus))  # no stores: `up` makes them
         key = (spec.node, repr((c, rdma, gpus)))
         if key in seen:
             p = out[spec.node][seen[key]]

@@ -187,7 +187,8 @@ def _spec(topo: Topology, engine: Engine, w: Worker, rank: int, node: str, ctx: 
     container: Container | None = None
     cname, steps = "", tuple[str, ...]()
     if w.settings.container is not None:
-        container, cname, argv, steps = wrapped(topo, w, node, name, argv, (*env, *((key,) if key else ())), gpus)
+        container, cname, argv, steps = wrapped(topo, w, node, name, argv, (*env, *((key,) if key else ())), gpus,
+                                                engine.store_dirs(topo))
     return ProcessSpec(name=name, role=w.role, node=node, host=ctx.bind,
                        url=f"http://{_bracket(url_host)}:{p['http']}", ports=dict(p), argv=argv, env=env,
                        worker=w.name, setup=topo.node(node).setup, node_rank=rank, nnodes=len(w.nodes),
