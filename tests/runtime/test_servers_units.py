@@ -106,23 +106,30 @@ def test_parse_replaces_image_parts_and_keeps_order():
     assert req.messages[0]["content"] == [{"type": "text", "text": "a"}, {"type": "image"}, {"type": "image"}]
 
 
+async def _health_server(delay: float):  # type: ignore[no-untyped-def]
+    """A stand-in encoder on a free port whose /health answers 200 after ``delay`` seconds."""
+    from aiohttp import web
+
+    async def health(request: web.Request) -> web.Response:
+        await asyncio.sleep(delay)
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
 def test_registry_rechecks_evicted_encoders_before_answering_no_encoder():
     """An encoder evicted by the probe loop that answers /health again is probed and picked at
     once, not refused with 503 no_encoder until the loop's next round; one still down is 503."""
     import aiohttp
-    from aiohttp import web
 
     async def go():
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await _health_server(0.0)
         back, down = f"http://127.0.0.1:{port}", "http://127.0.0.1:9"
         reg = EncoderRegistry([back, down], probe_interval=3600)
         async with aiohttp.ClientSession() as session:
@@ -150,20 +157,9 @@ def test_a_busy_encoder_that_misses_probes_but_answers_requests_stays_admitted()
     """A /health slower than the probe's deadline (an encoder on starved cores) fails each probe;
     three in a row evict it, unless it answered a request in between, which breaks the row."""
     import aiohttp
-    from aiohttp import web
 
     async def go():
-        async def health(request: web.Request) -> web.Response:
-            await asyncio.sleep(0.5)
-            return web.Response(text="ok")
-
-        app = web.Application()
-        app.router.add_get("/health", health)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        runner, port = await _health_server(0.5)
         busy, silent = f"http://127.0.0.1:{port}", f"http://localhost:{port}"
         reg = EncoderRegistry([busy, silent], probe_interval=0, probe_timeout=0.1)
         rounds = []
