@@ -175,3 +175,51 @@ def test_a_busy_encoder_that_misses_probes_but_answers_requests_stays_admitted()
     assert all(r[busy] == (True, 0) for r in rounds)
     assert [r[silent] for r in rounds[:3]] == [(True, 1), (True, 2), (False, 3)]
     assert reg.healthy_urls() == [busy]
+
+
+def test_a_client_gone_before_the_answer_is_no_server_error(caplog):
+    """Writing to a connection the client closed (a decode that gave up on /kv/route) is passed to
+    aiohttp, which drops it quietly; any other failure is still logged with its traceback."""
+    from aiohttp.client_exceptions import ClientConnectionResetError
+    from aiohttp.test_utils import make_mocked_request
+
+    from epdctl.runtime.servers.common import error_middleware
+
+    async def gone(request):
+        raise ClientConnectionResetError("Cannot write to closing transport")
+
+    async def broken(request):
+        raise KeyError("x")
+
+    request = make_mocked_request("POST", "/kv/route")
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(error_middleware(request, gone))
+    assert "unhandled error" not in caplog.text
+    resp = asyncio.run(error_middleware(request, broken))
+    assert resp.status == 500 and "unhandled error in POST /kv/route" in caplog.text
+
+
+def test_a_kv_wait_left_behind_ends_without_never_retrieved_errors():
+    """The decode's KV wait that outlives its request (the client left first) times out later;
+    its error is marked seen, so asyncio does not log 'Task exception was never retrieved'."""
+    import gc
+
+    from epdctl.runtime.servers.kv_receive import _retrieved
+
+    async def go(mark: bool) -> list:
+        seen: list = []
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: seen.append(ctx["message"]))
+
+        async def kv_timeout() -> None:
+            raise TimeoutError
+
+        task = asyncio.create_task(kv_timeout())
+        if mark:
+            task.add_done_callback(_retrieved)
+        await asyncio.sleep(0.01)
+        del task
+        gc.collect()
+        return seen
+
+    assert asyncio.run(go(mark=True)) == []
+    assert asyncio.run(go(mark=False)) == ["Task exception was never retrieved"]

@@ -72,8 +72,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                                         "invalid_request_error", code), exc.status)
     except (ApiError, BadRequestError) as exc:
         return error_response(to_api_error(exc))
-    except asyncio.CancelledError:
-        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise  # the client went away before the answer: aiohttp drops the connection quietly
     except Exception as exc:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(to_api_error(exc))

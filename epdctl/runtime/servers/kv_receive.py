@@ -49,6 +49,7 @@ class KVReceiver:
         room = str(req.bootstrap_room)
         t0 = time.perf_counter()
         kv = asyncio.create_task(self.transport.recv(room, self.kv_timeout))
+        kv.add_done_callback(_retrieved)  # a KV nobody waits for any more (its client left) ends quietly
         first: asyncio.Task | None = None
         got: Received | None = None
         drained = False
@@ -180,3 +181,11 @@ async def _first_of(first: asyncio.Task, kv: asyncio.Task) -> tuple[dict, dict]:
         return kv.result()
     first.result()  # raises when the bootstrap server could not be reached; else it carried no token
     return await asyncio.shield(kv)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    """Mark a finished KV task's error as seen: whoever awaits it still gets the error; one left
+    behind by a request that ended first (a timeout after the client went away) is not logged as
+    'Task exception was never retrieved'."""
+    if not task.cancelled():
+        task.exception()
