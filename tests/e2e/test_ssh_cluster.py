@@ -97,13 +97,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
+_OWN_PORT = re.compile(r"\b35[12]\d\d\b")  # this module's clusters: ports 35100-35299
+
+
 def _strays() -> list[str]:
-    """Processes serving on the test nodes' addresses (only these tests bind 127.0.0.2-4)."""
+    """Processes serving on the test nodes' addresses with this module's ports (other modules'
+    clusters on 127.0.0.2-4, in the side run, use other ports)."""
     out = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             cmd = " ".join(p.info["cmdline"] or ())
-            if p.info["status"] != psutil.STATUS_ZOMBIE and _NODE_HOST.search(cmd):
+            if p.info["status"] != psutil.STATUS_ZOMBIE and _NODE_HOST.search(cmd) and _OWN_PORT.search(cmd):
                 out.append(f"{p.pid}: {cmd}")
         except psutil.Error:
             continue
