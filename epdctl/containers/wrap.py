@@ -50,9 +50,10 @@ def interpreter_mounts(python: str) -> list[str]:
     return [str(root)] + ([str(Path(home).parent)] if home else [])
 
 
-def _covered(path: str, mounts: tuple[Mount, ...]) -> bool:
+def _covered(path: str, mounts: tuple[Mount, ...], writable: bool = False) -> bool:
+    """A mount at its own path already holds ``path`` (a writable one, with ``writable``)."""
     return any(m.source == m.target and (path == m.source or path.startswith(m.source.rstrip("/") + "/"))
-               for m in mounts)
+               and not (writable and m.readonly) for m in mounts)
 
 
 def effective(topo: Topology, w: Worker, node: str, c: Container,
@@ -66,8 +67,7 @@ def effective(topo: Topology, w: Worker, node: str, c: Container,
         if not _covered(p, mounts):
             mounts = (*mounts, Mount(source=p, target=p, readonly=True))
     for p in stores:
-        if not any(m.source == m.target and not m.readonly
-                   and (p == m.source or p.startswith(m.source.rstrip("/") + "/")) for m in mounts):
+        if not _covered(p, mounts, writable=True):
             mounts = (*mounts, Mount(source=p, target=p, readonly=False))
     rdma = bool(rdma_nics(topo, w, node)) and topo.transfer.rdma != "off"
     env, ulimits, cap_add = dict(c.env), dict(c.ulimits), c.cap_add

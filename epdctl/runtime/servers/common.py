@@ -74,12 +74,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(to_api_error(exc))
     except asyncio.CancelledError:
         raise
-    except ConnectionResetError as exc:
-        if request.transport is None or request.transport.is_closing():
-            raise  # our client went away before the answer: aiohttp drops the connection quietly
-        log.exception("unhandled error in %s %s", request.method, request.path)  # a call we made
-        return error_response(to_api_error(exc))
     except Exception as exc:
+        if isinstance(exc, ConnectionResetError) and (request.transport is None
+                                                      or request.transport.is_closing()):
+            raise  # our client went away before the answer: aiohttp drops the connection quietly
         log.exception("unhandled error in %s %s", request.method, request.path)
         return error_response(to_api_error(exc))
 

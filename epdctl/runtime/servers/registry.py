@@ -3,9 +3,9 @@
 Encoders come from ``--encoder-urls`` or register at run time. Each is health-probed; three
 failed probes in a row evict it (requests stop going there) and a later healthy probe
 re-admits it. An encoder that answers a request meanwhile breaks the row: a busy encoder on
-starved cores may miss a probe's deadline while it serves, and it is not gone. Work is placed by rendezvous hashing on the image digest, so a repeated image
-lands on the encoder whose embedding cache already holds it, unless that encoder is much
-busier than the least-loaded one.
+starved cores may miss a probe's deadline while it serves, and it is not gone. Work is placed
+by rendezvous hashing on the image digest, so a repeated image lands on the encoder whose
+embedding cache already holds it, unless that encoder is much busier than the least-loaded one.
 """
 
 from __future__ import annotations
