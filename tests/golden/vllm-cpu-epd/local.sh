@@ -6,7 +6,7 @@
 # ===== node local =====
 
 # encoder-0: encoder, http://127.0.0.1:31300
-env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \
   <REPO>/.engines/vllm-cpu/bin/vllm serve <REPO>/models/tiny-qwen2vl \
     --served-model-name tiny-qwen2vl \
     --host 127.0.0.1 \
@@ -18,11 +18,12 @@ env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
     --no-enable-prefix-caching \
     --max-num-seqs 4 \
     --optimization-level=0 \
+    --distributed-executor-backend=uni \
     --max-model-len=4096 \
     '--limit-mm-per-prompt={"image":8,"video":0}'
 
 # prefill-0: prefill, http://127.0.0.1:31301
-env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \
   <REPO>/.engines/vllm-cpu/bin/vllm serve <REPO>/models/tiny-qwen2vl \
     --served-model-name tiny-qwen2vl \
     --host 127.0.0.1 \
@@ -35,11 +36,12 @@ env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
     --block-size 32 \
     --max-num-seqs 4 \
     --optimization-level=0 \
+    --distributed-executor-backend=uni \
     --max-model-len=4096 \
     '--limit-mm-per-prompt={"image":8,"video":0}'
 
 # decode-0: decode, http://127.0.0.1:31302
-env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
+env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \
   <REPO>/.engines/vllm-cpu/bin/vllm serve <REPO>/models/tiny-qwen2vl \
     --served-model-name tiny-qwen2vl \
     --host 127.0.0.1 \
@@ -51,6 +53,7 @@ env VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind \
     --block-size 32 \
     --max-num-seqs 4 \
     --optimization-level=0 \
+    --distributed-executor-backend=uni \
     --max-model-len=4096 \
     '--limit-mm-per-prompt={"image":8,"video":0}'
 
