@@ -371,6 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--api-key")
     ap.add_argument("--health-check-interval-secs", type=float, default=1.0)
     ap.add_argument("--health-failure-threshold", type=int, default=2)
+    ap.add_argument("--health-check-timeout-secs", type=float, default=5.0)
     ap.add_argument("--request-timeout-secs", type=float, default=600.0)
     a = ap.parse_args(argv)
     pool = Pool(a.health_failure_threshold)
@@ -385,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def watch() -> None:
         while True:
-            pool.check(timeout=2.0)
+            pool.check(timeout=a.health_check_timeout_secs)
             time.sleep(a.health_check_interval_secs)
     threading.Thread(target=watch, daemon=True).start()
     sys.stderr.write(f"epd_router on {a.host}:{a.port}: encode {a.encode} prefill {a.prefill} decode {a.decode}\n")

@@ -24,7 +24,11 @@ HEALTH_FLAGS: dict[str, str] = {
     "--health-check-interval-secs": "1",
     "--health-failure-threshold": "2",
     "--health-success-threshold": "1",
-    "--health-check-timeout-secs": "2",
+    # a busy worker is not a dead one: a dead worker refuses the probe's connection at once (out
+    # of rotation after two probes, ~2 s), while a live one on starved cores may answer a probe
+    # late; ejecting the only decode for that turns a slow second into 503s for every request
+    # (smg's own default is 5 s)
+    "--health-check-timeout-secs": "5",
     "--worker-startup-check-interval": "1",
     # a worker that died and was restarted by its supervisor serves again within seconds:
     # the circuit opened by its death half-opens after 2 s instead of smg's 60 (reliability.md)

@@ -60,6 +60,6 @@ srun \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \
-    --health-check-timeout-secs 2 \
+    --health-check-timeout-secs 5 \
     --worker-startup-check-interval 1 \
     --cb-timeout-duration-secs 2

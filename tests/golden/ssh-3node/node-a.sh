@@ -29,6 +29,6 @@ python3 -m smg.launch_router \
     --health-check-interval-secs 1 \
     --health-failure-threshold 2 \
     --health-success-threshold 1 \
-    --health-check-timeout-secs 2 \
+    --health-check-timeout-secs 5 \
     --worker-startup-check-interval 1 \
     --cb-timeout-duration-secs 2
