@@ -59,6 +59,8 @@ class Stub:
         self.margin = 3.0
         self.kv_mib = 12.5
         self.kv_per_run = 0.25                        # MiB the prefill counts per pair run
+        self.count_after_reads = 0                    # /metrics reads before a run's MiB are counted
+        self._pending: list[list[float]] = []         # [reads left, MiB] per run not counted yet
         self.seen: list[dict[str, Any]] = []
         self.servers = [self._server("prefill"), self._server("decode")]
 
@@ -79,6 +81,11 @@ class Stub:
 
             def do_GET(self) -> None:
                 if self.path == "/metrics" and role == "prefill":
+                    for p in stub._pending:
+                        p[0] -= 1
+                        if p[0] < 0:
+                            stub.kv_mib += p[1]
+                    stub._pending = [p for p in stub._pending if p[0] >= 0]
                     text = (FIX / "metrics_prefill_kv.txt").read_text().replace(
                         "} 12.5", f"}} {stub.kv_mib}")
                     self._send(200, text, "text/plain")
@@ -98,7 +105,7 @@ class Stub:
                     meta: dict[str, Any] = {"id": "x", "finish_reason": {"type": "length", "length": 1},
                                             "prompt_tokens": len(ids), "completion_tokens": 1}
                     if body.get("bootstrap_host") != FAKE_BOOTSTRAP_HOST:
-                        stub.kv_mib += stub.kv_per_run
+                        stub._pending.append([stub.count_after_reads, stub.kv_per_run])
                     if body.get("return_logprob"):
                         meta["output_top_logprobs"] = [[[-0.01, t, "a"],
                                                         [-0.01 - stub.margin, (t + 1) % 97, "b"]]]
@@ -165,8 +172,17 @@ def test_a_near_tie_is_reported_not_failed(stub: Stub) -> None:
 
 def test_no_kv_bytes_counted_fails_even_with_right_tokens(stub: Stub) -> None:
     stub.kv_per_run = 0.0
-    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=4)
+    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=4, settle=0.5)
     assert not r.ok and "moved no KV bytes" in r.reason
+
+
+def test_a_send_counted_after_the_decode_answered_still_counts(stub: Stub) -> None:
+    """The prefill counts its send at the decode's acknowledgement, which can land after the decode
+    answered (an embedded prefill on starved cores): the first read after the run shows nothing."""
+    stub.count_after_reads = 3
+    r = check_pair(stub.worker("prefill"), stub.worker("decode"), api_key_env=None, tokens=4)
+    assert r.ok, r.reason
+    assert r.kv_bytes == pytest.approx(0.25 * 1024 * 1024)
 
 
 def test_a_dead_decode_is_an_error_with_its_name(stub: Stub) -> None:

@@ -19,6 +19,7 @@ Works on SGLang workers and on epdctl's embedded engine alike (both serve ``/tok
 from __future__ import annotations
 
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -132,9 +133,12 @@ def reference_tokens(prefill: Any, ids: list[int], n: int, timeout: float,
 
 
 def check_pair(prefill: Any, decode: Any, *, api_key_env: str | None, tokens: int = 8,
-               tie: float = 0.05, prompt: str = PROMPT, timeout: float = 120.0) -> TokenPair:
+               tie: float = 0.05, prompt: str = PROMPT, timeout: float = 120.0,
+               settle: float = 5.0) -> TokenPair:
     """One pair: the router-style run, its prefill-only reference, and the KV bytes (read with
-    the key held by ``api_key_env``)."""
+    the key held by ``api_key_env``). A prefill counts a send when it completes, on its own
+    side (the decode's acknowledgement), which can come after the decode already answered: the
+    counters are read again for up to ``settle`` seconds before "no KV bytes" is concluded."""
     res = TokenPair(prefill.name, decode.name)
     try:
         tok = _post(prefill.url + "/tokenize", {"prompt": prompt, "add_special_tokens": False},
@@ -154,6 +158,11 @@ def check_pair(prefill: Any, decode: Any, *, api_key_env: str | None, tokens: in
             fp.result()
             out = fd.result()
         after = kv_counters(prefill.url, api_key_env)
+        deadline = time.monotonic() + settle
+        while (before[0] is not None and after[0] is not None and after[0] <= before[0]
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+            after = kv_counters(prefill.url, api_key_env)
         res.tokens = [int(i) for i in out.get("output_ids") or []]
         if before[0] is not None and after[0] is not None:
             res.kv_bytes = after[0] - before[0]
