@@ -30,7 +30,8 @@ fi
 #   vLLM's CPU build (the real vLLM E/P/D tests); SGLang's real server on CPU;
 #   the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once
 #   built), then the OCI bundle exported from it that topologies/slurm-oci.yaml runs (.bundles/).
-setup_logs=$(mktemp -d /tmp/epdctl-setup-XXXXXX)
+setup_logs=$(mktemp -d)   # each step's output, and the side run's (removed at exit)
+trap 'rm -rf "$setup_logs"' EXIT
 declare -A setup_pid=()
 start() { local name=$1; shift; "$@" >"$setup_logs/$name" 2>&1 & setup_pid[$name]=$!; }
 finish() {  # NAME...: wait for each, show its output, stop at a failure
@@ -52,9 +53,8 @@ finish venv
 start mypy .venv/bin/python -m mypy   # every module's types, control plane and runtime (pyproject.toml [tool.mypy])
 # the one-file control plane for the bare system Python (tests/test_pyz.py runs it); after .venv,
 # whose editable install builds in this tree too
-export EPDCTL_TEST_PYZ=$PWD/dist/epdctl.pyz
 if [ -x /usr/bin/python3 ]; then
-  rm -f "$EPDCTL_TEST_PYZ"
+  export EPDCTL_TEST_PYZ=$PWD/dist/epdctl.pyz
   start pyz env EPDCTL_PYZ="$EPDCTL_TEST_PYZ" PYTHON=/usr/bin/python3 bash scripts/build_pyz.sh
 fi
 if [ "$(id -u)" = 0 ]; then finish image; python3 scripts/build_oci_bundle.py; fi
@@ -77,14 +77,14 @@ SIDE=(tests/test_fuzz_injection.py tests/test_startup_wait.py tests/test_pyz.py
       tests/e2e/test_vllm_cpu_container.py)
 if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
   rc=0; .venv/bin/python -m pytest -q "$@" || rc=$?
-  finish mypy; rm -rf "$setup_logs"; exit "$rc"
+  finish mypy; exit "$rc"
 fi
-side_log=$(mktemp /tmp/epdctl-side-XXXXXX.log)
+side_log=$setup_logs/side-run.log
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@" "${SIDE[@]}" >"$side_log" 2>&1 &
 side=$!
 ignore=(); for t in "${SIDE[@]}"; do ignore+=(--ignore "$t"); done
 main_rc=0; .venv/bin/python -m pytest -q "$@" "${ignore[@]}" tests || main_rc=$?
 side_rc=0; wait "$side" || side_rc=$?
-echo "=== side run: ${SIDE[*]} (exit $side_rc) ==="; cat "$side_log"; rm -f "$side_log"
-finish mypy; rm -rf "$setup_logs"
+echo "=== side run: ${SIDE[*]} (exit $side_rc) ==="; cat "$side_log"
+finish mypy
 [ "$main_rc" = 0 ] && [ "$side_rc" = 0 ]
