@@ -31,16 +31,22 @@ fi
 #   the Debian image topologies/local-container.yaml runs (offline from the apt sources; kept once
 #   built), then the OCI bundle exported from it that topologies/slurm-oci.yaml runs (.bundles/).
 setup_logs=$(mktemp -d)   # each step's output, and the side run's (removed at exit)
-trap 'rm -rf "$setup_logs"' EXIT
 declare -A setup_pid=()
-start() { local name=$1; shift; "$@" >"$setup_logs/$name" 2>&1 & setup_pid[$name]=$!; }
+# each step in its own session, so that a failure (or Ctrl-C) stops the whole of every other
+# step, pip's children included
+stop_steps() {
+  local pid; for pid in "${setup_pid[@]}"; do kill -- "-$pid" 2>/dev/null || true; done
+  rm -rf "$setup_logs"
+}
+trap stop_steps EXIT
+start() { local name=$1; shift; setsid "$@" >"$setup_logs/$name" 2>&1 & setup_pid[$name]=$!; }
 finish() {  # NAME...: wait for each, show its output, stop at a failure
   local name rc
   for name in "$@"; do
     rc=0; wait "${setup_pid[$name]}" || rc=$?
+    unset "setup_pid[$name]"
     cat "$setup_logs/$name"
     if [ "$rc" != 0 ]; then
-      kill "${setup_pid[@]}" 2>/dev/null || true
       echo "test.sh: set-up step '$name' failed (exit $rc)" >&2; exit "$rc"
     fi
   done
